@@ -1,0 +1,263 @@
+"""Study specs: one YAML file per workload, validated before anything starts.
+
+Errors name the file, the field and (where YAML knows it) the line, because a nightly run that
+fails at 3am on ``space.k`` must say so without a stack trace. Relative paths in a spec are
+relative to the spec file, and ``$VARS``/``~`` are expanded, so the same spec works from any
+working directory.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ._measure import STATISTICS
+
+TUNED_METHODS = ("ngram", "suffix", "draft_model", "eagle3", "eagle", "mtp")
+# Speculative keys belong to the tuner: a spec that fixes them in serve_args would silently
+# make every trial the same configuration.
+RESERVED_SERVE_ARGS = {"speculative_config", "speculative-config", "sc", "port", "host", "model"}
+
+
+class SpecError(ValueError):
+    """A study spec is invalid. ``str()`` names file, field and line."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ReplaySpec(_Model):
+    path: str = Field(description="replay set JSONL (see autotune._replayset)")
+    concurrency: int = Field(ge=1, description="target concurrency: closed-loop in-flight requests")
+    requests: int | None = Field(default=None, ge=1, description="measured requests per trial (default: all after warm-up)")
+    warmup: int = Field(default=4, ge=0, description="requests sent first and not measured")
+    timeout_s: float = Field(default=300.0, gt=0)
+
+
+class KRange(_Model):
+    min: int = Field(default=1, ge=1)
+    max: int = Field(default=8, ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self):
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) > max ({self.max})")
+        return self
+
+
+class NgramSpace(_Model):
+    prompt_lookup_min: list[int] = Field(default=[2], min_length=1)
+    prompt_lookup_max: list[int] = Field(default=[5], min_length=1)
+
+    @model_validator(mode="after")
+    def _some_pair(self):
+        if not any(lo <= hi for lo in self.prompt_lookup_min for hi in self.prompt_lookup_max):
+            raise ValueError("no prompt_lookup_min <= prompt_lookup_max pair")
+        return self
+
+
+class SuffixSpace(_Model):
+    max_tree_depth: list[int] = Field(default=[24], min_length=1)
+    max_spec_factor: list[float] = Field(default=[1.0], min_length=1)
+    min_token_prob: list[float] = Field(default=[0.1], min_length=1)
+
+
+class SpaceSpec(_Model):
+    methods: list[str] = Field(default=["ngram", "suffix"], min_length=1)
+    k: KRange = KRange()
+    k_per_method: dict[str, KRange] = {}
+    ngram: NgramSpace = NgramSpace()
+    suffix: SuffixSpace = SuffixSpace()
+    draft_models: list[str] = []
+    eagle_heads: list[str] = []
+
+    @field_validator("methods")
+    @classmethod
+    def _known(cls, v):
+        for m in v:
+            if m not in TUNED_METHODS:
+                raise ValueError(f"unknown method {m!r}; known: {', '.join(TUNED_METHODS)} "
+                                 "(the no-speculation baseline is always trial 0)")
+        return v
+
+    @model_validator(mode="after")
+    def _needs(self):
+        if "draft_model" in self.methods and not self.draft_models:
+            raise ValueError("method draft_model needs space.draft_models")
+        if {"eagle", "eagle3"} & set(self.methods) and not self.eagle_heads:
+            raise ValueError("methods eagle/eagle3 need space.eagle_heads")
+        for m in self.k_per_method:
+            if m not in self.methods:
+                raise ValueError(f"k_per_method names {m!r}, which is not in methods")
+        return self
+
+    def k_range(self, method: str) -> KRange:
+        return self.k_per_method.get(method, self.k)
+
+
+class BudgetSpec(_Model):
+    max_trials: int = Field(default=10, ge=1, description="trials including the baseline")
+    max_server_starts: int = Field(default=14, ge=1)
+    max_wall_minutes: float = Field(default=60.0, gt=0)
+
+
+class ObjectiveSpec(_Model):
+    statistic: str = "median"
+    confirm_starts: int = Field(default=1, ge=0, description="fresh server starts to re-measure baseline and winner")
+
+    @field_validator("statistic")
+    @classmethod
+    def _stat(cls, v):
+        if v not in STATISTICS:
+            raise ValueError(f"unknown statistic {v!r}; one of {', '.join(STATISTICS)}")
+        return v
+
+
+class GuardSpec(_Model):
+    max_failed_requests: int = Field(default=0, ge=0)
+    equivalence_min_match: float = Field(default=1.0, ge=0, le=1,
+                                         description="fraction of greedy outputs identical to the baseline's")
+    throughput_floor: float = Field(default=0.9, gt=0, description="candidate/baseline output throughput")
+    confidence: float = Field(default=0.95, gt=0, lt=1)
+
+
+class EngineSpec(_Model):
+    command: list[str] = Field(default=["vllm", "serve"], min_length=1,
+                               description="argv prefix that runs `vllm serve` (a venv path, a container command)")
+    python: str | None = Field(default=None, description="python of the vLLM environment, for the capability probe")
+    env: dict[str, str] = {}
+    serve_args: dict[str, Any] = {}
+    start_timeout_s: float = Field(default=600.0, gt=0)
+    stop_timeout_s: float = Field(default=30.0, gt=0)
+
+    @field_validator("serve_args")
+    @classmethod
+    def _not_reserved(cls, v):
+        for key in v:
+            if key.replace("_", "-").lstrip("-") in {k.replace("_", "-") for k in RESERVED_SERVE_ARGS}:
+                raise ValueError(f"serve_args.{key} is set by the tuner, not the spec")
+        return v
+
+
+class StudySpec(_Model):
+    workload: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    model: str
+    served_model_name: str | None = None
+    replay: ReplaySpec
+    space: SpaceSpec = SpaceSpec()
+    budget: BudgetSpec = BudgetSpec()
+    objective: ObjectiveSpec = ObjectiveSpec()
+    guards: GuardSpec = GuardSpec()
+    engine: EngineSpec = EngineSpec()
+    incumbent: dict[str, Any] | None = Field(default=None, description="speculative config deployed now; null = none")
+    production_equivalent: bool = True
+    storage: str | None = None
+    recommendations_dir: str = "recommendations"
+    seed: int = 0
+    source: str = Field(default="", exclude=True)
+
+    @property
+    def study_name(self) -> str:
+        return f"autotune-{self.workload}"
+
+
+def _expand(value: str, base: Path) -> str:
+    value = os.path.expandvars(os.path.expanduser(value))
+    if "://" in value or os.path.isabs(value):
+        return value
+    return str((base / value).resolve())
+
+
+def _line_of(root, loc: tuple) -> int | None:
+    """Line number of a field in the YAML node tree, for error messages."""
+    import yaml
+
+    node = root
+    line = node.start_mark.line + 1 if node is not None else None
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            match = [v for k, v in node.value if k.value == part]
+            if not match:
+                break
+            node = match[0]
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+        else:
+            break
+        line = node.start_mark.line + 1
+    return line
+
+
+def load_spec(path: str | Path) -> StudySpec:
+    """Load and validate a study spec; SpecError names file, field and line."""
+    import yaml
+
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise SpecError(f"{path}: cannot read study spec ({e.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+        root = yaml.compose(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark else ""
+        raise SpecError(f"{path}{where}: not valid YAML ({getattr(e, 'problem', e)})") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: a study spec is a mapping of fields")
+    try:
+        spec = StudySpec.model_validate(data)
+    except ValidationError as e:
+        msgs = []
+        for err in e.errors():
+            loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+            field = ".".join(str(p) for p in loc) or "(top level)"
+            line = _line_of(root, loc)
+            msg = err["msg"].removeprefix("Value error, ")
+            msgs.append(f"{path}:{line}: field '{field}': {msg}" if line else f"{path}: field '{field}': {msg}")
+        raise SpecError("\n".join(msgs)) from None
+    base = path.parent.resolve()
+    space = spec.space.model_copy(update={
+        "draft_models": [_expand(p, base) for p in spec.space.draft_models],
+        "eagle_heads": [_expand(p, base) for p in spec.space.eagle_heads],
+    })
+    command = list(spec.engine.command)
+    if command and ("/" in command[0]):
+        command[0] = _expand(command[0], base)
+    env = {k: _expand(v, base) if v.startswith(("./", "../")) else os.path.expandvars(v)
+           for k, v in spec.engine.env.items()}
+    engine = spec.engine.model_copy(update={
+        "command": command, "env": env,
+        "python": _expand(spec.engine.python, base) if spec.engine.python else None,
+    })
+    local = _expand(spec.model, base)
+    model = local if Path(local).exists() or spec.model.startswith((".", "/", "~", "$")) else spec.model
+    return spec.model_copy(update={
+        "model": model,
+        "replay": spec.replay.model_copy(update={"path": _expand(spec.replay.path, base)}),
+        "space": space, "engine": engine,
+        "storage": spec.storage and _storage_url(spec.storage, base),
+        "recommendations_dir": _expand(spec.recommendations_dir, base),
+        "source": str(path),
+    })
+
+
+def _storage_url(url: str, base: Path) -> str:
+    if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
+        return "sqlite:///" + _expand(url.removeprefix("sqlite:///"), base)
+    return url
+
+
+def find_spec(workload: str, studies_dir: str | Path) -> Path:
+    d = Path(studies_dir)
+    for ext in (".yaml", ".yml"):
+        p = d / f"{workload}{ext}"
+        if p.exists():
+            return p
+    known = sorted(p.stem for p in d.glob("*.y*ml")) if d.is_dir() else []
+    raise SpecError(f"no study spec for workload {workload!r} in {d} (known: {', '.join(known) or 'none'})")

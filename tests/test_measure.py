@@ -1,0 +1,234 @@
+import math
+import time
+
+import numpy as np
+import pytest
+
+from autotune._measure import (
+    STATISTICS,
+    RatioCI,
+    StallReport,
+    bootstrap_ratio_ci,
+    coefficient_of_variation,
+    detect_stall,
+    percentiles,
+    request_tpot_ms,
+    summarize,
+)
+
+
+# --------------------------------------------------------------------------- tpot
+
+
+def test_request_tpot_ms():
+    assert request_tpot_ms(1100.0, 100.0, 101) == pytest.approx(10.0)
+    assert request_tpot_ms(300.0, 100.0, 2) == pytest.approx(200.0)
+    assert request_tpot_ms(300.0, 100.0, 1) is None
+    assert request_tpot_ms(300.0, 100.0, 0) is None
+    assert request_tpot_ms(float("nan"), 100.0, 10) is None
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def test_statistics_tuple():
+    assert STATISTICS == ("median", "mean", "trimmed_mean", "p90")
+
+
+def test_summarize_known_data():
+    data = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    assert summarize(data, "median") == pytest.approx(5.5)
+    assert summarize(data, "mean") == pytest.approx(5.5)
+    assert summarize(data, "p90") == pytest.approx(9.1)  # numpy linear method
+    # 10% of 10 = 1 value cut from each side -> mean of 2..9
+    assert summarize(data, "trimmed_mean") == pytest.approx(5.5)
+    assert summarize([3.0, 1.0, 2.0], "median") == 2.0
+    assert summarize([7.5], "p90") == 7.5
+    assert summarize([7.5], "trimmed_mean") == 7.5
+
+
+def test_summarize_matches_numpy_on_random_data():
+    rng = np.random.default_rng(1)
+    for n in (1, 2, 7, 10, 33, 101):
+        x = rng.lognormal(3.0, 0.3, size=n)
+        assert summarize(x, "median") == pytest.approx(np.median(x))
+        assert summarize(x, "mean") == pytest.approx(np.mean(x))
+        assert summarize(x, "p90") == pytest.approx(np.percentile(x, 90))
+        cut = int(0.1 * n)
+        s = np.sort(x)
+        assert summarize(x, "trimmed_mean") == pytest.approx(s[cut : n - cut].mean())
+
+
+def test_trimmed_mean_ignores_outliers():
+    data = [10.0] * 18 + [1000.0, -500.0]  # 20 values -> 2 cut from each side
+    assert summarize(data, "trimmed_mean") == pytest.approx(10.0)
+    assert summarize(data, "mean") != pytest.approx(10.0)
+    # one-sided outliers too
+    data2 = list(range(1, 21))
+    data2[-1] = 10_000  # 20 values; largest 2 and smallest 2 are dropped
+    assert summarize(data2, "trimmed_mean") == pytest.approx(np.mean(range(3, 19)))
+
+
+def test_summarize_errors():
+    with pytest.raises(ValueError, match="bogus"):
+        summarize([1.0, 2.0], "bogus")
+    with pytest.raises(ValueError, match="empty"):
+        summarize([], "median")
+    with pytest.raises(ValueError):
+        summarize([1.0, float("nan")], "median")
+
+
+def test_percentiles():
+    data = np.arange(1, 101, dtype=float)
+    p = percentiles(data)
+    assert set(p) == {"p50", "p90", "p99"}
+    assert p["p50"] == pytest.approx(np.percentile(data, 50))
+    assert p["p90"] == pytest.approx(np.percentile(data, 90))
+    assert p["p99"] == pytest.approx(np.percentile(data, 99))
+    assert percentiles(data, ps=(25, 99.9)).keys() == {"p25", "p99.9"}
+    with pytest.raises(ValueError):
+        percentiles([])
+
+
+def test_coefficient_of_variation():
+    assert coefficient_of_variation([2.0, 4.0]) == pytest.approx(np.std([2, 4], ddof=1) / 3.0)
+    assert math.isnan(coefficient_of_variation([5.0]))
+    assert math.isnan(coefficient_of_variation([]))
+    assert coefficient_of_variation([3.0, 3.0, 3.0]) == 0.0
+
+
+# --------------------------------------------------------------------------- stalls
+
+
+def _ttfts(n, stalled_fraction, base=100.0, mult=4.0, seed=0):
+    rng = np.random.default_rng(seed)
+    x = base * rng.uniform(0.9, 1.1, size=n)
+    k = int(round(stalled_fraction * n))
+    x[:k] *= mult
+    rng.shuffle(x)
+    return x
+
+
+def test_detect_stall_40_percent_is_stalled():
+    rep = detect_stall(_ttfts(100, 0.40))
+    assert isinstance(rep, StallReport)
+    assert rep.stalled
+    assert rep.stalled_fraction == pytest.approx(0.40)
+    assert 85.0 < rep.ttft_reference_ms < 115.0  # own p25 ~ typical ttft
+    assert "stalled" in rep.reason and "40%" in rep.reason
+
+
+def test_detect_stall_5_percent_is_not_stalled():
+    rep = detect_stall(_ttfts(100, 0.05))
+    assert not rep.stalled
+    assert rep.stalled_fraction == pytest.approx(0.05)
+    assert "not stalled" in rep.reason
+
+
+def test_detect_stall_uses_given_reference():
+    # Every request is slow: the run's own p25 cannot see it, a baseline reference can.
+    x = _ttfts(50, 1.0)
+    assert not detect_stall(x).stalled
+    rep = detect_stall(x, reference_ttft_ms=100.0)
+    assert rep.stalled
+    assert rep.ttft_reference_ms == 100.0
+    assert rep.stalled_fraction == pytest.approx(1.0)
+    assert rep.ttft_median_ms == pytest.approx(np.median(x))
+
+
+def test_detect_stall_errors():
+    with pytest.raises(ValueError):
+        detect_stall([])
+    with pytest.raises(ValueError):
+        detect_stall([1.0, 2.0], reference_ttft_ms=0.0)
+
+
+# --------------------------------------------------------------------------- bootstrap
+
+
+def test_bootstrap_ratio_2x():
+    rng = np.random.default_rng(42)
+    base = [rng.lognormal(np.log(20.0), 0.1, size=200)]
+    cand = [rng.lognormal(np.log(10.0), 0.1, size=200)]
+    ci = bootstrap_ratio_ci(base, cand, statistic="median", resamples=2000, seed=0)
+    assert isinstance(ci, RatioCI)
+    assert ci.low <= 2.0 <= ci.high
+    assert ci.low <= ci.ratio <= ci.high
+    assert ci.wholly_above(1.0)
+    assert not ci.wholly_below(1.0)
+    assert ci.n_a == 200 and ci.n_b == 200 and ci.resamples == 2000
+    assert ci.confidence == 0.95
+    # reversed direction is a slowdown
+    rev = bootstrap_ratio_ci(cand, base, seed=0)
+    assert rev.wholly_below(1.0) and not rev.wholly_above(1.0)
+
+
+@pytest.mark.parametrize("statistic", STATISTICS)
+def test_bootstrap_identical_distributions_contains_one(statistic):
+    rng = np.random.default_rng(7)
+    a = [rng.lognormal(np.log(15.0), 0.1, size=150) for _ in range(3)]
+    b = [rng.lognormal(np.log(15.0), 0.1, size=150) for _ in range(3)]
+    ci = bootstrap_ratio_ci(a, b, statistic=statistic, resamples=1000, seed=3)
+    assert ci.low <= 1.0 <= ci.high
+    assert not ci.wholly_above(1.0)
+    assert not ci.wholly_below(1.0)
+    assert ci.ratio == pytest.approx(
+        summarize(np.concatenate(a), statistic) / summarize(np.concatenate(b), statistic)
+    )
+
+
+def test_bootstrap_deterministic_for_seed():
+    rng = np.random.default_rng(5)
+    a = [rng.normal(20, 2, size=80) for _ in range(4)]
+    b = [rng.normal(12, 1, size=60) for _ in range(2)]
+    c1 = bootstrap_ratio_ci(a, b, seed=11)
+    c2 = bootstrap_ratio_ci(a, b, seed=11)
+    c3 = bootstrap_ratio_ci(a, b, seed=12)
+    assert c1 == c2
+    assert (c1.low, c1.high) != (c3.low, c3.high)
+
+
+def test_bootstrap_hierarchical_wider_than_pooled():
+    rng = np.random.default_rng(9)
+    # Four server starts whose levels differ a lot (start-to-start variance).
+    a_groups = [rng.normal(mu, 0.3, size=60) for mu in (16.0, 20.0, 24.0, 28.0)]
+    a_pooled = [np.concatenate(a_groups)]
+    b = [rng.normal(11.0, 0.3, size=240)]
+    hier = bootstrap_ratio_ci(a_groups, b, statistic="mean", seed=1)
+    flat = bootstrap_ratio_ci(a_pooled, b, statistic="mean", seed=1)
+    assert hier.ratio == pytest.approx(flat.ratio)
+    w_hier = hier.high - hier.low
+    w_flat = flat.high - flat.low
+    assert w_hier > 3.0 * w_flat
+
+
+def test_bootstrap_accepts_unequal_groups_and_flat_side():
+    rng = np.random.default_rng(2)
+    a = [rng.normal(20, 1, size=n) for n in (5, 50, 200)] + [[]]  # empty group dropped
+    ci = bootstrap_ratio_ci(a, list(rng.normal(10, 1, size=100)), seed=0)
+    assert ci.n_a == 255 and ci.n_b == 100
+    assert ci.low < ci.ratio < ci.high
+    assert ci.wholly_above(1.5)
+
+
+def test_bootstrap_fast():
+    rng = np.random.default_rng(0)
+    a = [rng.normal(20, 2, size=100) for _ in range(4)]
+    b = [rng.normal(15, 2, size=100) for _ in range(4)]
+    for stat in STATISTICS:  # warm-up / all code paths
+        bootstrap_ratio_ci(a, b, statistic=stat, resamples=50)
+    t0 = time.perf_counter()
+    bootstrap_ratio_ci(a, b, statistic="median", resamples=2000)
+    bootstrap_ratio_ci([np.concatenate(a)], [np.concatenate(b)], statistic="trimmed_mean", resamples=2000)
+    assert time.perf_counter() - t0 < 1.0
+
+
+def test_bootstrap_errors():
+    with pytest.raises(ValueError, match="'a'"):
+        bootstrap_ratio_ci([], [[1.0, 2.0]])
+    with pytest.raises(ValueError, match="'b'"):
+        bootstrap_ratio_ci([[1.0, 2.0]], [[], []])
+    with pytest.raises(ValueError, match="nope"):
+        bootstrap_ratio_ci([[1.0, 2.0]], [[1.0, 2.0]], statistic="nope")
+    with pytest.raises(ValueError):
+        bootstrap_ratio_ci([[1.0, 2.0]], [[1.0, 2.0]], confidence=1.5)
