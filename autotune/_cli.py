@@ -52,10 +52,10 @@ def main(verbose: int) -> None:
     """Tune vLLM speculative decoding per workload, on replayed production traffic."""
     level = logging.WARNING - 10 * min(verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if verbose < 2:
+    if verbose < 2:  # failed trials are reported on the progress line, without Optuna's traceback
         import optuna
 
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        optuna.logging.set_verbosity(optuna.logging.ERROR)
 
 
 @main.group()
@@ -281,3 +281,6 @@ def probe_cmd(workload) -> None:
     except ProbeError as e:
         _fail(str(e), EXIT_ENGINE)
     click.echo(json.dumps(caps.to_dict(), indent=2))
+
+
+from ._traffic_cli import traffic; main.add_command(traffic)  # noqa: E402,E702  `autotune traffic`

@@ -32,24 +32,46 @@ def chat_prompt(rng: random.Random) -> tuple[str, int]:
     return " ".join(tm.word(t) for t in toks), len(toks)
 
 
+def partial_prompt(maps: tm.TinyMaps, rng: random.Random, out_len: int = 64,
+                   gap: tuple[int, int] = (2, 6)) -> tuple[str, int]:
+    """The continuation is in the prompt, but the copy is corrupted every few tokens (like code
+    edited since the lines it repeats): prompt lookup's drafts hold for a few positions only,
+    so acceptance decays along the draft and a middle K is best."""
+    start = rng.randrange(*tm.CHAT_RANGE)
+    walk = [start] + tm.greedy(maps.target, start, out_len + 8)
+    copy = list(walk)
+    j = 3 + rng.randint(*gap)
+    while j < len(copy):
+        copy[j] = rng.randrange(*tm.CHAT_RANGE)
+        j += rng.randint(*gap)
+    noise = [rng.randrange(*tm.CHAT_RANGE) for _ in range(6)]
+    toks = noise + copy + noise[:3] + walk[:3]
+    return " ".join(tm.word(t) for t in toks), len(toks)
+
+
+KINDS = ("code", "chat", "random", "partial", "mixed")
+
+
 def replay_requests(kind: str, n: int, seed: int = 0, max_tokens: int = 64) -> list[_replayset.ReplayRequest]:
+    if kind not in KINDS:
+        raise ValueError(f"unknown demo traffic kind {kind!r}; one of {', '.join(KINDS)}")
     rng = random.Random(f"{kind}-{seed}")
     maps = tm.TinyMaps.build(0)
     out = []
     for i in range(n):
-        if kind in ("code", "random"):
-            prompt, _ = code_prompt(maps, rng)
-            body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
-            out.append(_replayset.ReplayRequest(id=f"{kind}-{i:04d}", endpoint="completions", body=body,
-                                                tag="code", ts=1_790_000_000.0 + i))
-        elif kind == "chat":
+        kind_i = ("partial" if rng.random() < 0.5 else "chat") if kind == "mixed" else kind
+        if kind_i == "chat":
             prompt, _ = chat_prompt(rng)
-            body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-                    "temperature": 0}
-            out.append(_replayset.ReplayRequest(id=f"{kind}-{i:04d}", endpoint="chat", body=body,
-                                                tag="chat", ts=1_790_000_000.0 + i))
+            endpoint, tag = "chat", "chat"
+            body = {"messages": [{"role": "user", "content": prompt}]}
         else:
-            raise ValueError(f"unknown demo traffic kind {kind!r}")
+            prompt, _ = partial_prompt(maps, rng, out_len=max_tokens) if kind_i == "partial" \
+                else code_prompt(maps, rng)
+            endpoint, tag = "completions", "code"
+            body = {"prompt": prompt}
+        body.update(max_tokens=max_tokens, temperature=0)
+        out.append(_replayset.ReplayRequest(id=f"{kind}-{i:04d}", endpoint=endpoint, body=body, tag=tag,
+                                            ts=1_790_000_000.0 + i))
     return out
 
 
@@ -58,6 +80,6 @@ def setup(home: str | Path = ".autotune", requests: int | None = None) -> dict[s
     home = Path(home)
     paths = {f"model:{k}": v for k, v in tm.build_all(home / "models").items()}
     n = requests or DEFAULT_SIZES["warmup"] + 2 * DEFAULT_SIZES["measured"]
-    for kind in ("code", "chat", "random"):
+    for kind in KINDS:
         paths[f"replay:{kind}"] = _replayset.save(home / "replay" / f"{kind}.jsonl", replay_requests(kind, n))
     return paths

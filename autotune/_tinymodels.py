@@ -12,6 +12,9 @@ These models make acceptance a property of the traffic, as in production:
   within a request, so prompt lookup finds nothing).
 * a draft model agrees with ``f`` on a chosen fraction of tokens, giving a known draft acceptance.
 * the "random" model is one long cycle over the whole vocabulary: speculation cannot help.
+* the "-big" variants (same maps, 1024 wide, 4 layers) make each verified token cost real
+  compute on a CPU, so drafting more tokens per step has a price: with acceptance that decays
+  along the draft, the best K is a middle one, as on a GPU at high batch.
 
 Requires torch, transformers and safetensors (they come with vLLM); imported lazily.
 """
@@ -78,7 +81,19 @@ def _one_cycle(f: list[int], tokens: list[int], rng: random.Random) -> None:
         f[a] = b
 
 
-def write_model(path: str | Path, next_token: list[int], seed: int = 0) -> Path:
+@dataclass(frozen=True)
+class Shape:
+    hidden: int = HIDDEN
+    layers: int = 1
+    intermediate: int = 256
+    heads: int = 4
+
+
+LIGHT = Shape()
+BIG = Shape(hidden=1024, layers=4, intermediate=2048, heads=16)
+
+
+def write_model(path: str | Path, next_token: list[int], seed: int = 0, shape: Shape = LIGHT) -> Path:
     """Write a Llama checkpoint (safetensors, float32) whose greedy step is ``next_token``."""
     try:
         import torch
@@ -89,14 +104,15 @@ def write_model(path: str | Path, next_token: list[int], seed: int = 0) -> Path:
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     cfg = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=256, num_hidden_layers=1,
-        num_attention_heads=4, num_key_value_heads=4, head_dim=64, max_position_embeddings=2048,
+        vocab_size=VOCAB, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
+        num_hidden_layers=shape.layers, num_attention_heads=shape.heads, num_key_value_heads=shape.heads,
+        head_dim=shape.hidden // shape.heads, max_position_embeddings=2048,
         bos_token_id=BOS_ID, eos_token_id=EOS_ID, tie_word_embeddings=False, torch_dtype="float32",
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(cfg)
-    emb = torch.nn.functional.normalize(torch.randn(VOCAB, HIDDEN), dim=1)
-    lm = torch.zeros(VOCAB, HIDDEN)
+    emb = torch.nn.functional.normalize(torch.randn(VOCAB, shape.hidden), dim=1)
+    lm = torch.zeros(VOCAB, shape.hidden)
     for x, y in enumerate(next_token[: VOCAB - 2]):
         lm[y] += emb[x]
     with torch.no_grad():
@@ -137,16 +153,24 @@ def greedy(next_token: list[int], start: int, n: int) -> list[int]:
     return out
 
 
-def build_all(root: str | Path, seed: int = 0) -> dict[str, Path]:
-    """Build the default family: target, draft at 60% agreement, random. Idempotent."""
+def build_all(root: str | Path, seed: int = 0, big: bool = True) -> dict[str, Path]:
+    """Build the family (idempotent): light target, drafts agreeing on 30/60/85% of tokens,
+    random, and with ``big`` the compute-heavy target-big and random-big."""
     root = Path(root)
     maps = TinyMaps.build(seed)
-    wanted = {"target": maps.target, "draft-60": maps.draft(0.6), "random": maps.random}
+    wanted = {"target": (maps.target, LIGHT), "draft-60": (maps.draft(0.6), LIGHT),
+              "draft-30": (maps.draft(0.3, seed=2), LIGHT), "draft-85": (maps.draft(0.85, seed=3), LIGHT),
+              "random": (maps.random, LIGHT)}
+    if big:
+        wanted.update({"target-big": (maps.target, BIG), "random-big": (maps.random, BIG)})
     built = {}
-    for name, nxt in wanted.items():
+    for name, (nxt, shape) in wanted.items():
         d = root / name
         marker = d / "next_token.json"
-        if not (marker.exists() and json.loads(marker.read_text()) == nxt):
-            write_model(d, nxt, seed=seed)
+        meta = d / "shape.json"
+        if not (marker.exists() and json.loads(marker.read_text()) == nxt
+                and meta.exists() and json.loads(meta.read_text()) == shape.__dict__):
+            write_model(d, nxt, seed=seed, shape=shape)
+            meta.write_text(json.dumps(shape.__dict__))
         built[name] = d
     return built

@@ -32,6 +32,8 @@ class Measurement:
     """Per-request TPOT the study decides on: the engine's own (see ``request_tpot``)."""
     client_tpot_ms: list[float]
     tpot_source: str
+    tags: list[str | None] = field(default_factory=list)
+    """workload tag of each entry of ``tpot_ms``: per-tag breakdowns of one deployment's traffic."""
     outputs: dict[str, str] = field(default_factory=dict)
     """request id -> sha1 of the generated text, greedy requests only."""
     errors: list[str] = field(default_factory=list)
@@ -56,18 +58,22 @@ def digest(text: str) -> str:
 
 def measure(spec: StudySpec, config: dict | None, requests: list[ReplayRequest],
             warmup: list[ReplayRequest], log_path: Path, command: list[str],
-            on_server=None, extra_args: dict | None = None) -> Measurement:
-    """Run one server start. Raises TrialFailed (with vLLM's reason) when the server won't start.
+            on_server=None, extra_args: dict | None = None, pid_dir: Path | None = None) -> Measurement:
+    """Run one server start. Raises TrialFailed (with vLLM's reason) when the server won't start,
+    dies during the replay (``kill -9``, OOM, a crash: the trial fails, the study goes on), or
+    the replay itself breaks.
 
     ``extra_args`` are the tuner's own serve args (per-request metrics).
 
     ``on_server`` is called with the running VllmServer, so a signal handler can stop it.
+    ``pid_dir`` gets the server's pidfile while it runs (see ``_recovery``).
     """
     port = free_port()
     serve_args = {**spec.engine.serve_args, **(extra_args or {})}
     argv = build_argv(command, spec.model, serve_args, config, port, spec.served_model_name)
     server = VllmServer(argv=argv, port=port, log_path=log_path, env=dict(spec.engine.env),
-                        start_timeout_s=spec.engine.start_timeout_s, stop_timeout_s=spec.engine.stop_timeout_s)
+                        start_timeout_s=spec.engine.start_timeout_s, stop_timeout_s=spec.engine.stop_timeout_s,
+                        pid_dir=pid_dir)
     t0 = time.monotonic()
     try:
         if on_server:
@@ -77,9 +83,16 @@ def measure(spec: StudySpec, config: dict | None, requests: list[ReplayRequest],
         except ServerStartError as e:
             raise TrialFailed(e.reason, str(e.log_path)) from None
         model = spec.served_model_name or spec.model
-        run, before, after = asyncio.run(_replay_with_scrape(server.base_url, model, requests, warmup, spec))
-        if server.proc is None or server.proc.poll() is not None:
-            raise TrialFailed("vllm serve died during the replay", str(log_path), server.start_seconds)
+        try:
+            run, before, after = asyncio.run(_replay_with_scrape(server.base_url, model, requests, warmup, spec))
+        except Exception as e:  # a dead server surfaces here as a refused /metrics scrape
+            died = server.death()
+            reason = (f"vllm serve died during the replay ({died})" if died
+                      else f"the replay failed: {type(e).__name__}: {e}")
+            raise TrialFailed(reason, str(log_path), server.start_seconds) from None
+        died = server.death() if server.proc is not None else "not running"
+        if died:
+            raise TrialFailed(f"vllm serve died during the replay ({died})", str(log_path), server.start_seconds)
     finally:
         server.stop()
         if on_server:
@@ -88,13 +101,14 @@ def measure(spec: StudySpec, config: dict | None, requests: list[ReplayRequest],
     ok = run.ok()
     failed = run.failed()
     outputs = {r.id: digest(r.text) for r in ok if _is_greedy(requests, r.id)}
-    tpots = [v for v, _ in map(request_tpot, ok) if v is not None]
+    timed = [(request_tpot(r)[0], r.tag) for r in ok if request_tpot(r)[0] is not None]
+    tpots = [v for v, _ in timed]
     return Measurement(
         config=config, argv=argv, log_path=str(log_path), start_seconds=server.start_seconds or 0.0,
         wall_seconds=time.monotonic() - t0, summary=run.summary(spec.objective.statistic),
         spec_delta=d.to_dict(), tpot_ms=tpots, client_tpot_ms=[r.tpot_ms for r in ok if r.tpot_ms is not None],
         tpot_source="server" if all(request_tpot(r)[1] == "server" for r in ok) else "client",
-        outputs=outputs, errors=[f"{r.id}: {r.error}" for r in failed][:20],
+        outputs=outputs, tags=[t for _, t in timed], errors=[f"{r.id}: {r.error}" for r in failed][:20],
     )
 
 

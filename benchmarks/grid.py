@@ -1,0 +1,166 @@
+"""Record the exhaustive grid of a workload on real vLLM: ground truth for studies and search.
+
+Every configuration of the workload's space (the baseline included) is measured on several
+fresh server starts, interleaved round by round so slow drift of the machine hits every
+configuration alike. Each start's row is appended to ``benchmarks/results/grid-<workload>.jsonl``
+as soon as it is measured; a rerun skips (config, start) pairs already recorded, so an
+interrupted grid continues where it stopped and nothing is measured twice.
+
+    python benchmarks/grid.py benchmarks/workloads/ngram-mid.yaml --k 1,2,3,4,6,8 --starts 3
+    python benchmarks/grid.py benchmarks/workloads/ngram-mid.yaml --report   # table only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from autotune import _measure, _replayset  # noqa: E402
+from autotune._probe import probe, python_for  # noqa: E402
+from autotune._space import NONE, SearchSpace, canonical  # noqa: E402
+from autotune._spec import load_spec  # noqa: E402
+from autotune._study import split_requests  # noqa: E402
+from autotune._trial import TrialFailed, measure  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def grid_configs(space: SearchSpace, ks: list[int] | None) -> list[dict | None]:
+    configs: list[dict | None] = [None]
+    for method in space.methods:
+        kr = space.spec.k_range(method)
+        for k in ks or range(kr.min, kr.max + 1):
+            if kr.min <= k <= kr.max:
+                configs.append(space.config_from_params(space.params_for(method, k)))
+    return configs
+
+
+def load_rows(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def summarize(rows: list[dict], statistic: str = "median") -> list[dict]:
+    """Per configuration: the statistic of per-request TPOT pooled over starts, the per-start
+    values and their coefficient of variation (the grid's own noise), per-tag values."""
+    by: dict[str, list[dict]] = {}
+    for r in rows:
+        if r.get("ok"):
+            by.setdefault(r["config_key"], []).append(r)
+    out = []
+    for key, rs in by.items():
+        pooled = [v for r in rs for v in r["tpot_ms"]]
+        per_start = [_measure.summarize(r["tpot_ms"], statistic) for r in rs]
+        tags: dict[str, list[float]] = {}
+        for r in rs:
+            for v, t in zip(r["tpot_ms"], r.get("tags") or []):
+                tags.setdefault(str(t), []).append(v)
+        al = [r["acceptance_length"] for r in rs if r.get("acceptance_length")]
+        out.append({
+            "config_key": key, "config": rs[0]["config"], "starts": len(rs),
+            "tpot_ms": _measure.summarize(pooled, statistic), "per_start": per_start,
+            "cv": _measure.coefficient_of_variation(per_start) if len(per_start) > 1 else None,
+            "by_tag": {t: _measure.summarize(v, statistic) for t, v in sorted(tags.items())},
+            "acceptance_length": statistics.mean(al) if al else None,
+        })
+    out.sort(key=lambda s: s["tpot_ms"])
+    return out
+
+
+def label(config: dict | None) -> str:
+    if not config:
+        return "none"
+    return f"{config['method']} K={config['num_speculative_tokens']}"
+
+
+def report(rows: list[dict], statistic: str = "median") -> str:
+    s = summarize(rows, statistic)
+    if not s:
+        return "(no rows)"
+    base = next((x for x in s if x["config_key"] == NONE), None)
+    tags = sorted({t for x in s for t in x["by_tag"]})
+    head = f"| config | starts | {statistic} TPOT ms | per start | CV | speedup | AL |" + \
+        "".join(f" {t} TPOT |" for t in tags)
+    lines = [head, "|" + "---|" * (7 + len(tags))]
+    for x in s:
+        sp = base["tpot_ms"] / x["tpot_ms"] if base else float("nan")
+        cv = "-" if x["cv"] is None else f"{x['cv']:.0%}"
+        al = "-" if x["acceptance_length"] is None else f"{x['acceptance_length']:.2f}"
+        per_start = ", ".join(f"{v:.2f}" for v in x["per_start"])
+        lines.append(f"| {label(x['config'])} | {x['starts']} | {x['tpot_ms']:.2f} | {per_start} | {cv} | "
+                     f"{sp:.2f}x | {al} |" + "".join(f" {x['by_tag'].get(t, float('nan')):.2f} |" for t in tags))
+    best, runner = s[0], (s[1] if len(s) > 1 else None)
+    lines.append("")
+    lines.append(f"best: {label(best['config'])} {best['tpot_ms']:.2f} ms"
+                 + (f"; runner-up: {label(runner['config'])} {runner['tpot_ms']:.2f} ms "
+                    f"({runner['tpot_ms'] / best['tpot_ms'] - 1:+.1%})" if runner else ""))
+    for t in tags:
+        bt = min(s, key=lambda x: x["by_tag"].get(t, float("inf")))
+        lines.append(f"best for tag {t}: {label(bt['config'])} {bt['by_tag'][t]:.2f} ms")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("spec")
+    ap.add_argument("--k", help="comma-separated K values (default: the space's whole K range)")
+    ap.add_argument("--starts", type=int, default=3, help="server starts per configuration")
+    ap.add_argument("--out", help="results JSONL (default benchmarks/results/grid-<workload>.jsonl)")
+    ap.add_argument("--report", action="store_true", help="print the table from recorded rows only")
+    ap.add_argument("--home", default=str(ROOT / ".autotune"))
+    args = ap.parse_args(argv)
+
+    spec = load_spec(args.spec)
+    out = Path(args.out) if args.out else RESULTS / f"grid-{spec.workload}.jsonl"
+    rows = load_rows(out)
+    if not args.report:
+        command = list(spec.engine.command)
+        caps = probe(python_for(command, spec.engine.python), spec.engine.env, cache_dir=Path(args.home) / "cache")
+        space = SearchSpace.build(spec.space, caps)
+        rs = _replayset.load(spec.replay.path)
+        warmup, search, _ = split_requests(spec, rs)
+        configs = grid_configs(space, [int(k) for k in args.k.split(",")] if args.k else None)
+        print(f"grid {spec.workload}: {len(configs)} configs x {args.starts} starts, "
+              f"{len(search)} requests each, concurrency {spec.replay.concurrency}", flush=True)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        for rnd in range(args.starts):
+            for cfg in configs:
+                key = canonical(cfg)
+                if sum(1 for r in rows if r["config_key"] == key and r.get("ok")) > rnd:
+                    continue
+                t0 = time.monotonic()
+                row = {"workload": spec.workload, "config_key": key, "config": cfg, "round": rnd,
+                       "replay_digest": rs.digest, "vllm_version": caps.version,
+                       "concurrency": spec.replay.concurrency, "at": time.time()}
+                try:
+                    m = measure(spec, cfg, search, warmup, Path(args.home) / "logs" / "grid" /
+                                f"{spec.workload}-{rnd}-{len(rows)}.log", command,
+                                extra_args=caps.per_request_metrics_args(cfg is not None))
+                    row.update(ok=True, tpot_ms=m.tpot_ms, tags=m.tags, tpot_source=m.tpot_source,
+                               start_seconds=m.start_seconds,
+                               acceptance_length=m.spec_delta.get("acceptance_length"),
+                               per_position_rates=m.spec_delta.get("per_position_rates"),
+                               output_throughput=m.summary.get("output_throughput_tok_s"),
+                               failed=m.summary.get("failed"))
+                except TrialFailed as e:
+                    row.update(ok=False, error=e.reason)
+                rows.append(row)
+                with out.open("a") as fh:
+                    fh.write(json.dumps(row) + "\n")
+                tp = f"{_measure.summarize(row['tpot_ms'], spec.objective.statistic):.2f} ms" \
+                    if row.get("ok") else row.get("error")
+                print(f"  round {rnd} {label(cfg):22s} {tp}  ({time.monotonic() - t0:.0f}s)", flush=True)
+    print(report(rows, spec.objective.statistic))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
