@@ -1,10 +1,13 @@
 """Command line: ``autotune study start --workload code`` and friends.
 
-Exit codes (stable; cron and the daemon read them):
-  0  study finished and the recommendation was written (any decision)
-  2  bad input: invalid spec, replay set or option (the message names file and field)
-  3  the engine could not be used: vLLM missing, probe failed, or the baseline failed
+Exit codes (stable; cron and the daemon read them; see ``autotune._runner``):
+  0  study finished and the recommendation was written (any decision); with --if-stale, still fresh
+  2  bad input: invalid spec, replay set, traffic, model path, option, a field this vLLM lacks
+     (the message names file, field and line)
+  3  the engine or database could not be used: vLLM missing, probe failed, baseline failed,
+     storage unreachable
   4  the recommendation could not be written (the previous file is left intact)
+  75 GPU busy: another study holds this GPU's lock (EX_TEMPFAIL; --wait waits instead)
   130 interrupted (SIGINT/SIGTERM): the running server was stopped, the trial marked failed
 """
 
@@ -12,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
 import sys
 from pathlib import Path
 
@@ -90,75 +92,29 @@ def _print_event(e) -> None:
 @click.option("--study-name", help="resume or name a study explicitly")
 @click.option("--max-trials", type=int, help="override budget.max_trials")
 @click.option("--max-server-starts", type=int, help="override budget.max_server_starts")
-def study_start(workload, spec_path, storage, study_name, max_trials, max_server_starts) -> None:
-    """Run one study now, in the foreground, and write recommendations/<workload>.json."""
-    from . import _recommend
-    from ._probe import ProbeError, probe, python_for
-    from ._replayset import ReplaySetError
-    from ._space import SearchSpace
-    from ._study import Study
-    from ._trial import TrialFailed
+@click.option("--nightly", is_flag=True,
+              help="as the daemon does: fresh traffic, warm start from the current recommendation, decide against it")
+@click.option("--if-stale", "if_stale", metavar="AGE",
+              help="do nothing (exit 0) if the last successful run finished less than AGE ago (20h, 90m, 1d)")
+@click.option("--wait", "wait_for_gpu", is_flag=True, help="wait for the GPU lock instead of exiting 75")
+def study_start(workload, spec_path, storage, study_name, max_trials, max_server_starts, nightly, if_stale,
+                wait_for_gpu) -> None:
+    """Run one study now, in the foreground, and write recommendations/<workload>.json.
 
-    settings = get_settings()
-    spec = _spec_for(workload, spec_path, settings)
-    if spec.workload != workload:
-        _fail(f"{spec.source}: field 'workload' is {spec.workload!r}, not {workload!r}", EXIT_INPUT)
-    budget = spec.budget.model_copy(update={k: v for k, v in (("max_trials", max_trials),
-                                                               ("max_server_starts", max_server_starts)) if v})
-    spec = spec.model_copy(update={"budget": budget})
-    command = settings.vllm_argv() or list(spec.engine.command)
-    home = Path(settings.home).resolve()
-    try:
-        caps = probe(python_for(command, settings.vllm_python or spec.engine.python), spec.engine.env,
-                     cache_dir=home / "cache")
-    except ProbeError as e:
-        _fail(str(e), EXIT_ENGINE)
-    space = SearchSpace.build(spec.space, caps)
-    click.echo(f"autotune: workload {spec.workload}, vLLM {caps.version}, model {spec.model}, "
-               f"concurrency {spec.replay.concurrency}")
-    for m, why in space.dropped.items():
-        click.echo(f"  dropped method {m}: {why}")
-    if not space.methods:
-        click.echo("  no speculative method can run here: only the baseline will be measured")
-    url = _storage_for(spec, storage, settings)
-    try:
-        st = Study(spec, caps, space, url, command, home, study_name=study_name, on_event=_print_event)
-    except (ReplaySetError, ValueError) as e:
-        _fail(str(e), EXIT_INPUT)
-    click.echo(f"  study {st.name} in {url}; {len(st.search_reqs)} requests per start, "
-               f"space of {space.size()} configs; budget {spec.budget.max_trials} trials, "
-               f"{spec.budget.max_server_starts} starts, {spec.budget.max_wall_minutes:g} min")
+    Exit codes: 0 written (or fresh with --if-stale), 2 bad input, 3 engine or database
+    unusable, 4 recommendation not writable, 75 GPU busy, 130 interrupted (see README)."""
+    from ._runner import RunRequest, run
+    from ._schedule import parse_duration
 
-    def _on_term(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, _on_term)
     try:
-        outcome = st.run()
-    except TrialFailed as e:
-        _fail(e.reason, EXIT_ENGINE)
-    except KeyboardInterrupt:
-        if st.current_server is not None:
-            st.current_server.stop()
-        click.echo("interrupted: server stopped, running trial marked failed; rerun to resume", err=True)
-        sys.exit(EXIT_INTERRUPTED)
-    decision = _recommend.decide(st)
-    payload = _recommend.build(st, decision, outcome)
-    path = _recommend.recommendation_path(settings.recommendations_dir or spec.recommendations_dir, spec.workload)
-    try:
-        _recommend.write_atomic(path, payload)
-    except OSError as e:
-        _fail(f"cannot write {path}: {e.strerror or e}; the previous recommendation is unchanged", EXIT_WRITE)
-    ev = payload["evidence"]
-    click.echo(f"stopped: {outcome.stopped_because}")
-    click.echo(f"decision: {decision.decision} — {decision.reason}")
-    b = ev["baseline"]["tpot_ms"]
-    w = ev.get("winner", {}).get("tpot_ms")
-    click.echo(f"  baseline {b:.2f} ms" + (f", winner {w:.2f} ms" if w else "")
-               + (f", speedup {ev['speedup']:.2f}x (CI {ev['speedup_ci'][0]:.2f}-{ev['speedup_ci'][1]:.2f})"
-                  if "speedup" in ev else ""))
-    click.echo(f"  {outcome.server_starts} server starts, {len(outcome.trials)} trials, {outcome.wall_s:.0f}s")
-    click.echo(f"wrote {path}")
+        stale_s = parse_duration(if_stale) if if_stale else None
+    except ValueError as e:
+        _fail(f"--if-stale: {e}", EXIT_INPUT)
+    sys.exit(run(RunRequest(workload=workload, spec_path=spec_path, storage=storage, study_name=study_name,
+                            max_trials=max_trials, max_server_starts=max_server_starts, nightly=nightly,
+                            if_stale_s=stale_s, wait_for_gpu=wait_for_gpu,
+                            kind="cron" if (nightly or if_stale) else "manual"),
+                 on_event=_print_event))
 
 
 @study.command("list")
@@ -244,6 +200,8 @@ def recommend_show(workload, as_json) -> None:
                    f" vs {ev['winner']['tpot_ms']:.2f} ms {ev['statistic']} TPOT")
     click.echo(f"  study {rec['study']['name']}: {rec['study']['server_starts']} server starts, "
                f"created {rec['created_at']}, expires {rec['expires_at']}")
+    for note in (rec.get("drift") or {}).get("notes") or []:
+        click.echo(f"  drift: {note}")
 
 
 def _q(arg: str) -> str:
@@ -284,3 +242,10 @@ def probe_cmd(workload) -> None:
 
 
 from ._traffic_cli import traffic; main.add_command(traffic)  # noqa: E402,E702  `autotune traffic`
+from ._ops_cli import daemon; main.add_command(daemon)  # noqa: E402,E702  `autotune daemon run`
+from ._ops_cli import worker; main.add_command(worker)  # noqa: E402,E702  `autotune worker`
+from ._ops_cli import exporter; main.add_command(exporter)  # noqa: E402,E702  `autotune exporter`
+from ._ops_cli import db; main.add_command(db)  # noqa: E402,E702  `autotune db migrate|report`
+from ._ops_cli import recommend_diff; recommend.add_command(recommend_diff)  # noqa: E402,E702
+from ._ops_cli import recommend_history; recommend.add_command(recommend_history)  # noqa: E402,E702
+from ._report_cli import report; main.add_command(report)  # noqa: E402,E702  `autotune report W`

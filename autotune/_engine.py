@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -125,14 +126,20 @@ class VllmServer:
     stop_timeout_s: float = 30.0
     proc: subprocess.Popen | None = None
     start_seconds: float | None = None
+    pid_dir: Path | None = None
+    """Where to leave a pidfile while the server runs, so a restart can kill it if we die (_recovery)."""
+    pidfile: Path | None = None
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> "VllmServer":
+        from . import _recovery
+
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **self.env}
+        token = uuid.uuid4().hex
+        env = {**os.environ, **self.env, _recovery.TOKEN_ENV: token}
         t0 = time.monotonic()
         with open(self.log_path, "wb") as fh:
             fh.write(("$ " + " ".join(self.argv) + "\n").encode())
@@ -144,6 +151,9 @@ class VllmServer:
                 raise ServerStartError(f"cannot run {self.argv[0]!r}: {e.strerror}", self.log_path) from None
         log.info("vllm serve started (pid %s, port %s), log %s", self.proc.pid, self.port, self.log_path)
         try:
+            if self.pid_dir is not None:
+                self.pidfile = _recovery.write_pidfile(self.pid_dir, self.proc.pid, self.port, token, self.argv,
+                                                       self.log_path)
             self._wait_healthy(t0)
         except BaseException:
             self.stop()
@@ -197,7 +207,25 @@ class VllmServer:
             time.sleep(0.2)
         if not port_is_free(self.port):
             log.warning("port %s still busy after stopping vllm serve", self.port)
+        if self.pidfile is not None and not _group_alive(pgid):
+            self.pidfile.unlink(missing_ok=True)
+            self.pidfile = None
         self.proc = None
+
+    def death(self) -> str | None:
+        """None while the server runs; else how it ended, with vLLM's own error line if it logged one."""
+        rc = self.proc.poll() if self.proc is not None else None
+        if rc is None:
+            return None
+        try:
+            how = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exit status {rc}"
+        except ValueError:
+            how = f"exit status {rc}"
+        try:
+            line = error_line(self.log_path.read_text(errors="replace"))
+        except OSError:
+            line = None
+        return how + (f": {line}" if line else "")
 
     def __enter__(self) -> "VllmServer":
         return self.start()

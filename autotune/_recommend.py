@@ -175,8 +175,10 @@ def build(study, decision: Decision, outcome) -> dict:
     }
 
 
-def write_atomic(path: str | Path, payload: dict) -> Path:
-    """Temp file in the same directory, fsync, rename: the old file survives any failure."""
+def write_atomic(path: str | Path, payload: dict, before_replace=None) -> Path:
+    """Temp file in the same directory, fsync, rename: the old file survives any failure.
+    ``before_replace()`` runs after the fsync, before the rename (a database commit that must
+    succeed for the new file to become current); if it raises, the old file stays."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -186,6 +188,8 @@ def write_atomic(path: str | Path, payload: dict) -> Path:
             fh.write("\n")
             fh.flush()
             os.fsync(fh.fileno())
+        if before_replace is not None:
+            before_replace()
         os.replace(tmp, path)
     except BaseException:
         try:

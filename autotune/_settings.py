@@ -22,6 +22,20 @@ class Settings(BaseSettings):
     vllm_python: str | None = None
     home: str = ".autotune"
     """Working files: server logs, caches, the default database."""
+    gpu: str = "0"
+    """Which accelerator this process tunes on: names the lock that allows one study per GPU."""
+    lock_dir: str | None = None
+    """Where the GPU locks and server pidfiles live (default: $TMPDIR/autotune-locks, host-wide)."""
+    metrics_addr: str = "127.0.0.1"
+    """Prometheus exporter bind address (daemon, `autotune exporter`)."""
+    metrics_port: int = 9464
+
+    def lock_path(self):
+        from ._lock import default_lock_dir
+
+        from pathlib import Path
+
+        return Path(self.lock_dir) if self.lock_dir else default_lock_dir()
 
     def vllm_argv(self) -> list[str] | None:
         return shlex.split(self.vllm_command) if self.vllm_command else None

@@ -98,6 +98,23 @@ class SearchSpace:
             params["ngram.window"] = self._ngram_windows()[0]
         return params
 
+    def knee_k(self, method: str, per_position_rates: list[float], share: float = 0.9) -> int | None:
+        """The smallest K that keeps ``share`` of the accepted tokens per drafted step seen at the
+        largest K. One run at K_max gives per-position acceptance, hence the acceptance of every
+        smaller K: positions past the knee add verification cost and hardly any tokens, so the
+        knee is the next configuration worth a server start."""
+        kr = self.spec.k_range(method)
+        rates = list(per_position_rates)[: kr.max]
+        total = sum(rates)
+        if total <= 0:
+            return None
+        acc = 0.0
+        for k, r in enumerate(rates, 1):
+            acc += r
+            if acc >= share * total:
+                return max(kr.min, k)
+        return kr.max
+
     def size(self) -> int:
         """Number of distinct candidates, the baseline included: the search stops when all are seen."""
         n = 1

@@ -30,12 +30,64 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+REPLAY_MODES = ("closed", "open", "profile")
+
+
 class ReplaySpec(_Model):
     path: str = Field(description="replay set JSONL (see autotune._replayset)")
     concurrency: int = Field(ge=1, description="target concurrency: closed-loop in-flight requests")
     requests: int | None = Field(default=None, ge=1, description="measured requests per trial (default: all after warm-up)")
     warmup: int = Field(default=4, ge=0, description="requests sent first and not measured")
     timeout_s: float = Field(default=300.0, gt=0)
+    mode: Literal["closed", "open", "profile"] = Field(
+        default="closed",
+        description="closed: `concurrency` requests in flight; open: each request at its recorded time "
+                    "(ts) x time_scale; profile: closed loops at each of `levels` in one server start")
+    time_scale: float = Field(default=1.0, gt=0, description="open mode: factor on recorded inter-arrival "
+                                                                 "times (0.01 replays a day in ~15 minutes)")
+    levels: list[int] | None = Field(default=None, min_length=1, validate_default=True,
+                                     description="profile mode: concurrency levels, each on its own requests")
+    level_weights: list[float] | None = Field(default=None, validate_default=True,
+                                              description="profile mode: share of traffic at each level "
+                                                          "(default equal); weights the objective")
+
+    @field_validator("levels")
+    @classmethod
+    def _levels(cls, v, info):
+        mode = info.data.get("mode", "closed")
+        if v is None:
+            if mode == "profile":
+                raise ValueError("required when mode is 'profile' (e.g. [1, 4, 8])")
+            return v
+        if mode != "profile":
+            raise ValueError(f"only used when mode is 'profile' (mode is {mode!r})")
+        for lv in v:
+            if lv < 1:
+                raise ValueError(f"levels must be >= 1, got {lv}")
+        if len(set(v)) != len(v):
+            raise ValueError(f"levels repeat a value: {v}")
+        return v
+
+    @field_validator("level_weights")
+    @classmethod
+    def _weights(cls, v, info):
+        if v is None:
+            return v
+        levels = info.data.get("levels")
+        if info.data.get("mode", "closed") != "profile":
+            raise ValueError("only used when mode is 'profile'")
+        if levels is not None and len(v) != len(levels):
+            raise ValueError(f"{len(v)} weights for {len(levels)} levels; give one weight per level")
+        if any(not (w >= 0) for w in v) or not sum(v) > 0:
+            raise ValueError(f"weights must be >= 0 with a positive sum, got {v}")
+        return v
+
+    def weights(self) -> dict[int, float]:
+        """Profile mode: level -> normalized weight (equal by default)."""
+        levels = self.levels or [self.concurrency]
+        raw = self.level_weights or [1.0] * len(levels)
+        total = float(sum(raw))
+        return {lv: float(w) / total for lv, w in zip(levels, raw)}
 
 
 class KRange(_Model):
@@ -66,6 +118,14 @@ class SuffixSpace(_Model):
     min_token_prob: list[float] = Field(default=[0.1], min_length=1)
 
 
+class BandsSpace(_Model):
+    """Per-batch-size K (``num_speculative_tokens_per_batch_size``) for the concurrency profile."""
+    enabled: bool = False
+    tpot_ms: float | None = Field(default=None, gt=0, description="production TPOT estimate: with replay.mode "
+                                  "other than profile, the levels come from the replay set's arrival times")
+    max_levels: int = Field(default=3, ge=2, le=8)
+
+
 class SpaceSpec(_Model):
     methods: list[str] = Field(default=["ngram", "suffix"], min_length=1)
     k: KRange = KRange()
@@ -74,6 +134,8 @@ class SpaceSpec(_Model):
     suffix: SuffixSpace = SuffixSpace()
     draft_models: list[str] = []
     eagle_heads: list[str] = []
+    bands: BandsSpace = Field(default=BandsSpace(), exclude=True)
+    # exclude: bands add candidates but change no measurement, so study fingerprints stay as they were
 
     @field_validator("methods")
     @classmethod
@@ -108,6 +170,12 @@ class BudgetSpec(_Model):
 class ObjectiveSpec(_Model):
     statistic: str = "median"
     confirm_starts: int = Field(default=1, ge=0, description="fresh server starts to re-measure baseline and winner")
+    search: Literal["predictor", "tpe", "grid", "random"] = Field(
+        default="predictor", description="predictor: start only what the TPOT predictor (_predict) rates likely to "
+                                         "win, stop when nothing is; tpe: Optuna's TPE; grid / random: every config")
+    min_gain: float | None = Field(default=None, ge=0, lt=1,
+                                   description="predictor: a start must be likely to beat the best by this fraction "
+                                               "(default: the measured start-to-start noise)")
 
     @field_validator("statistic")
     @classmethod
@@ -143,6 +211,77 @@ class EngineSpec(_Model):
         return v
 
 
+class TrafficRule(_Model):
+    """Tags imported traffic with ``workload`` when every condition given matches (first rule wins)."""
+    workload: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    model: str | None = Field(default=None, description="regex searched in the logged model name")
+    regex: str | None = Field(default=None, description="regex searched in the prompt text")
+    keywords: list[str] = Field(default=[], description="any of these words in the prompt text (case-insensitive)")
+
+    @field_validator("model", "regex")
+    @classmethod
+    def _compiles(cls, v):
+        if v is not None:
+            _compile(v)
+        return v
+
+    @model_validator(mode="after")
+    def _some_condition(self):
+        if self.model is None and self.regex is None and not self.keywords:
+            raise ValueError("a rule needs at least one of model, regex, keywords")
+        return self
+
+
+class TrafficSampleSpec(_Model):
+    n: int | None = Field(default=None, ge=1, description="requests per replay set (default: warmup + 2 * requests, else 68)")
+    window_hours: float | None = Field(default=24.0, gt=0, description="window ending at the newest imported request; null = all")
+    seed: int = 0
+
+
+class TrafficSpec(_Model):
+    rules: list[TrafficRule] = []
+    redact: list[str] = Field(default=[], description="regexes replaced by [REDACTED] in imported prompts")
+    sample: TrafficSampleSpec = TrafficSampleSpec()
+
+    @field_validator("redact")
+    @classmethod
+    def _compile_all(cls, v):
+        for pattern in v:
+            _compile(pattern)
+        return v
+
+
+def _compile(pattern: str):
+    import re
+
+    try:
+        return re.compile(pattern)
+    except re.error as e:
+        raise ValueError(f"invalid regex {pattern!r}: {e}") from None
+
+
+class ScheduleSpec(_Model):
+    """When the daemon (`autotune daemon run`) retunes this workload, unattended."""
+    cron: str = Field(default="0 2 * * *", description="crontab expression (minute hour day month weekday)")
+    timezone: str = "UTC"
+    misfire_grace_minutes: float = Field(default=360.0, ge=0,
+                                         description="a run missed by at most this much (daemon down, GPU busy) still runs")
+    enabled: bool = True
+
+    @model_validator(mode="after")
+    def _parses(self):
+        from ._schedule import parse_cron
+
+        parse_cron(self.cron, self.timezone)  # ValueError names what is wrong
+        return self
+
+
+class DriftSpec(_Model):
+    """When a nightly recommendation must say that the deployed config no longer fits the traffic."""
+    min_acceptance_rate: float = Field(default=0.4, ge=0, le=1,
+                                       description="incumbent's accepted/drafted tokens below this = drift")
+
+
 class StudySpec(_Model):
     workload: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     model: str
@@ -158,6 +297,9 @@ class StudySpec(_Model):
     storage: str | None = None
     recommendations_dir: str = "recommendations"
     seed: int = 0
+    traffic: TrafficSpec = Field(default=TrafficSpec(), description="`autotune traffic`: workload rules, redaction, sampling")
+    schedule: ScheduleSpec = ScheduleSpec()
+    drift: DriftSpec = DriftSpec()
     source: str = Field(default="", exclude=True)
 
     @property

@@ -75,6 +75,26 @@ class TinyMaps:
         return g
 
 
+    def periodic_draft(self, period: int, seed: int = 4) -> list[int]:
+        """A map wrong on every ``period``-th token along the target's chat cycle, right elsewhere
+        (agreement 1 - 1/period): a draft run from any token holds until the next wrong one, so
+        acceptance falls linearly with draft position and is zero past ``period``."""
+        rng = random.Random(seed)
+        g = list(self.target)
+        start = CHAT_RANGE[0]
+        x, order = start, []
+        for _ in range(CHAT_RANGE[1] - CHAT_RANGE[0]):
+            order.append(x)
+            x = self.target[x]
+        for j, tok in enumerate(order):
+            if j % period == 0:
+                wrong = rng.randrange(*CHAT_RANGE)
+                while wrong == self.target[tok]:
+                    wrong = rng.randrange(*CHAT_RANGE)
+                g[tok] = wrong
+        return g
+
+
 def _one_cycle(f: list[int], tokens: list[int], rng: random.Random) -> None:
     rng.shuffle(tokens)
     for a, b in zip(tokens, tokens[1:] + tokens[:1]):
@@ -154,12 +174,13 @@ def greedy(next_token: list[int], start: int, n: int) -> list[int]:
 
 
 def build_all(root: str | Path, seed: int = 0, big: bool = True) -> dict[str, Path]:
-    """Build the family (idempotent): light target, drafts agreeing on 30/60/85% of tokens,
-    random, and with ``big`` the compute-heavy target-big and random-big."""
+    """Build the family (idempotent): light target, drafts agreeing on 30/60/85% of random tokens
+    and on all but every 5th token of the chat cycle (draft-p5), random, and with ``big`` the compute-heavy target-big and random-big."""
     root = Path(root)
     maps = TinyMaps.build(seed)
     wanted = {"target": (maps.target, LIGHT), "draft-60": (maps.draft(0.6), LIGHT),
               "draft-30": (maps.draft(0.3, seed=2), LIGHT), "draft-85": (maps.draft(0.85, seed=3), LIGHT),
+              "draft-p5": (maps.periodic_draft(5), LIGHT),
               "random": (maps.random, LIGHT)}
     if big:
         wanted.update({"target-big": (maps.target, BIG), "random-big": (maps.random, BIG)})

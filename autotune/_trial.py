@@ -15,6 +15,7 @@ from pathlib import Path
 
 from . import _metrics, _replay
 from ._engine import ServerStartError, VllmServer, build_argv, free_port
+from ._profile import ProfileRun
 from ._replayset import ReplayRequest
 from ._spec import StudySpec
 
@@ -37,6 +38,10 @@ class Measurement:
     outputs: dict[str, str] = field(default_factory=dict)
     """request id -> sha1 of the generated text, greedy requests only."""
     errors: list[str] = field(default_factory=list)
+    levels: dict[str, dict] = field(default_factory=dict)
+    """``replay.mode: profile``: per level (``"4"``) its weight, in-window ``tpot_ms`` (engine's),
+    ``client_tpot_ms``, ``tags``, ``tpot`` (the objective statistic) and ``summary``; ``tpot_ms``
+    above is then the levels pooled with their weights (see ``_profile``). Empty otherwise."""
 
     def to_attrs(self) -> dict:
         return asdict(self)
@@ -100,15 +105,23 @@ def measure(spec: StudySpec, config: dict | None, requests: list[ReplayRequest],
     d = _metrics.delta(before, after)
     ok = run.ok()
     failed = run.failed()
-    outputs = {r.id: digest(r.text) for r in ok if _is_greedy(requests, r.id)}
-    timed = [(request_tpot(r)[0], r.tag) for r in ok if request_tpot(r)[0] is not None]
+    outputs = {r.id: digest(r.text) for r in ok if _is_greedy([*warmup, *requests], r.id)}
+    levels: dict[str, dict] = {}
+    if isinstance(run, ProfileRun):  # the levels pooled with their traffic weights
+        timed = run.weighted_tpots(request_tpot)
+        client_tpots = [v for v, _ in run.weighted_tpots(lambda r: (r.tpot_ms, "client"))]
+        levels = run.level_details(request_tpot, spec.objective.statistic)
+    else:
+        timed = [(request_tpot(r)[0], r.tag) for r in ok if request_tpot(r)[0] is not None]
+        client_tpots = [r.tpot_ms for r in ok if r.tpot_ms is not None]
     tpots = [v for v, _ in timed]
     return Measurement(
         config=config, argv=argv, log_path=str(log_path), start_seconds=server.start_seconds or 0.0,
         wall_seconds=time.monotonic() - t0, summary=run.summary(spec.objective.statistic),
-        spec_delta=d.to_dict(), tpot_ms=tpots, client_tpot_ms=[r.tpot_ms for r in ok if r.tpot_ms is not None],
+        spec_delta=d.to_dict(), tpot_ms=tpots, client_tpot_ms=client_tpots,
         tpot_source="server" if all(request_tpot(r)[1] == "server" for r in ok) else "client",
         outputs=outputs, tags=[t for _, t in timed], errors=[f"{r.id}: {r.error}" for r in failed][:20],
+        levels=levels,
     )
 
 
@@ -131,9 +144,31 @@ def _is_greedy(requests: list[ReplayRequest], rid: str) -> bool:
 
 
 async def _replay_with_scrape(base_url, model, requests, warmup, spec):
+    """Replay in the spec's ``replay.mode``; the /metrics scrapes around the measured part.
+
+    ``open``: the warm-up runs on into the measured phase by design, so the counter deltas
+    include it (per-request acceptance and TPOT do not). ``profile``: the pool is the warm-up
+    then the measured requests, split by ``run_profile`` into per-level warm-ups and measured
+    sets; the deltas cover all levels.
+    """
     import httpx
 
+    mode = getattr(spec.replay, "mode", "closed")
     async with httpx.AsyncClient(trust_env=False, timeout=30) as client:
+        if mode == "open":
+            before = await _metrics.scrape(client, base_url)
+            run = await _replay.run_open_loop(base_url, model, requests, time_scale=spec.replay.time_scale,
+                                              timeout_s=spec.replay.timeout_s, warmup=warmup)
+            after = await _metrics.scrape(client, base_url)
+            return run, before, after
+        if mode == "profile":
+            from ._bands import run_profile_scraped, scraped_profile_run  # a /metrics scrape around each level
+
+            before = await _metrics.scrape(client, base_url)
+            runs, deltas = await run_profile_scraped(client, base_url, model, [*warmup, *requests],
+                                                     levels=spec.replay.levels, timeout_s=spec.replay.timeout_s)
+            after = await _metrics.scrape(client, base_url)
+            return scraped_profile_run(runs, spec.replay.weights(), deltas), before, after
         if warmup:
             await _replay.run_closed_loop(base_url, model, warmup, spec.replay.concurrency,
                                           timeout_s=spec.replay.timeout_s)

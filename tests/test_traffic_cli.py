@@ -1,0 +1,101 @@
+"""`autotune traffic import` + `autotune traffic sample` end to end through the click CLI."""
+
+from __future__ import annotations
+
+import json
+import stat
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import yaml
+from _traffic_logs import RULES_YAML, T0, chat_rows, gateway_lines, write_gz, write_jsonl
+from click.testing import CliRunner
+
+from autotune import _replayset
+from autotune._cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch) -> Path:
+    """A studies folder with a code spec (rules, replay path in tmp) and a home in tmp."""
+    for var in ("AUTOTUNE__STORAGE", "AUTOTUNE__VLLM_COMMAND", "AUTOTUNE__VLLM_PYTHON",
+                "AUTOTUNE__RECOMMENDATIONS_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    studies = tmp_path / "studies"
+    studies.mkdir()
+    data = yaml.safe_load((ROOT / "studies" / "code.yaml").read_text())
+    data.update(yaml.safe_load(RULES_YAML))
+    data["model"] = str(tmp_path / "model")  # no tokenizer there: estimates
+    data["replay"]["path"] = "../replay/code.jsonl"
+    (studies / "code.yaml").write_text(yaml.safe_dump(data))
+    monkeypatch.setenv("AUTOTUNE__STUDIES_DIR", str(studies))
+    monkeypatch.setenv("AUTOTUNE__HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _run(*args):
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+
+def test_import_then_sample(env):
+    lines, _ = gateway_lines()
+    gw = write_gz(env / "logs" / "gw-1.jsonl.gz", lines)
+    more = chat_rows(80, start=T0 + timedelta(hours=1), step=timedelta(minutes=9))
+    more.append(dict(more[0], timestamp=(T0 + timedelta(hours=2)).isoformat()))  # a repeated prompt
+    write_gz(env / "logs" / "gw-2.jsonl.gz", [json.dumps(r) for r in more])
+
+    r = _run("-v", "traffic", "import", str(env / "logs" / "gw-*.jsonl.gz"))
+    assert r.exit_code == 0, r.output
+    out = r.output
+    assert f"{gw}: 12 lines, 6 imported (6 new, openai 6), 4 malformed, 2 skipped" in out
+    for ln in (4, 8, 9, 11):
+        assert f"  {gw}:{ln}: " in out
+    assert "workload code: 84 imported (1 by default, 1 by rule, 82 by tag), 84 new" in out
+    assert "workload billing: 1 imported (1 by rule)" in out
+    assert "SECRET" not in out  # neither stdout nor the -v logs hold prompt text
+
+    r = _run("traffic", "sample", "--workload", "code", "--n", 40, "--seed", 3)
+    assert r.exit_code == 0, r.output
+    replay = env / "replay" / "code.jsonl"
+    assert f"wrote {replay}" in r.output and "sampled 40 of 83 eligible" in r.output
+    assert "skipped: duplicate 1" in r.output
+    rs = _replayset.load(replay)
+    assert len(rs.requests) == 40
+    manifest = env / "replay" / "code.jsonl.manifest.json"
+    m = json.loads(manifest.read_text())
+    assert m["seed"] == 3 and m["content_hash"] == rs.digest and m["counts"]["sampled"] == 40
+    for p in (replay, manifest, env / "home" / "traffic" / "code.jsonl"):
+        assert stat.S_IMODE(p.stat().st_mode) == 0o600
+
+    r = _run("traffic", "list")
+    assert r.exit_code == 0 and "code" in r.output and "84 requests" in r.output
+
+
+def test_import_nothing_usable_exits_2(env):
+    bad = write_jsonl(env / "bad.jsonl", ["nope", "[1]"])
+    r = _run("traffic", "import", bad)
+    assert r.exit_code == 2
+    assert "error: nothing usable in 1 file(s): 2 lines read, 2 malformed" in r.output
+    assert f"{bad}:1: not JSON" in r.output and f"{bad}:2: expected a JSON object" in r.output
+    trace = write_jsonl(env / "trace.jsonl", [{"timestamp": 0, "input_length": 10, "output_length": 2}])
+    r = _run("traffic", "import", trace)
+    assert r.exit_code == 2 and "--synthesize" in r.output
+    r = _run("traffic", "import", "--synthesize", "--workload", "trace", trace)
+    assert r.exit_code == 0 and "acceptance_measurable false" in r.output
+    r = _run("traffic", "sample", "--workload", "trace", "--out", env / "t.jsonl")
+    assert r.exit_code == 0 and "synthetic prompts" in r.output
+
+
+def test_sample_bad_input_exits_2(env):
+    r = _run("traffic", "sample", "--workload", "code")
+    assert r.exit_code == 2 and "no traffic pool for workload 'code'" in r.output
+    r = _run("traffic", "sample", "--workload", "nosuch")
+    assert r.exit_code == 2 and "no study spec for workload 'nosuch'" in r.output
+    r = _run("traffic", "sample", "--workload", "code", "--since", "yesterday")
+    assert r.exit_code == 2 and "cannot read time 'yesterday'" in r.output
+    r = _run("traffic", "import", "--redact", "(", write_jsonl(env / "x.jsonl", chat_rows(1)))
+    assert r.exit_code == 2 and "invalid --redact regex" in r.output

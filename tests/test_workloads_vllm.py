@@ -1,0 +1,72 @@
+"""Studies on workloads whose right answer is not obvious, checked against measured grids.
+
+The grids (benchmarks/results/grid-<workload>.jsonl, recorded by benchmarks/grid.py with several
+server starts per configuration) are the ground truth. A study passes when its recommendation's
+grid TPOT is within the grid's own noise of the grid's best.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autotune._space import NONE, canonical
+
+pytestmark = pytest.mark.vllm
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _grid_module():
+    spec = importlib.util.spec_from_file_location("bench_grid", ROOT / "benchmarks" / "grid.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def grid(workload: str) -> list[dict]:
+    g = _grid_module()
+    return g.summarize(g.load_rows(ROOT / "benchmarks" / "results" / f"grid-{workload}.jsonl"))
+
+
+def noise(entry: dict) -> float:
+    """Relative start-to-start spread of one grid configuration (at least 5%)."""
+    spread = (max(entry["per_start"]) - min(entry["per_start"])) / entry["tpot_ms"]
+    return max(0.05, spread)
+
+
+def run_study(spec: Path, tmp_path: Path) -> dict:
+    env = {**os.environ, "AUTOTUNE__HOME": str(tmp_path / "home")}
+    proc = subprocess.run([sys.executable, "-m", "autotune", "study", "start", "--workload", spec.stem,
+                           "--spec", str(spec)], capture_output=True, text=True, env=env, timeout=1500)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads((tmp_path / "recommendations" / f"{spec.stem}.json").read_text())
+
+
+def test_ngram_mid_study_finds_the_grids_middle_k(make_spec, tmp_path):
+    g = grid("ngram-mid")
+    best = g[0]
+    # the workload is only worth testing while its measured answer is a middle K
+    assert best["config"] and 1 < best["config"]["num_speculative_tokens"] < 8, best
+    spec = make_spec("benchmarks/workloads/ngram-mid.yaml", budget__max_trials=4,
+                     budget__max_server_starts=6, objective__confirm_starts=1)
+    rec = run_study(spec, tmp_path)
+    assert rec["decision"] == "change", rec["reason"]
+    chosen = next(e for e in g if e["config_key"] == canonical(rec["speculative_config"]))
+    assert chosen["tpot_ms"] <= best["tpot_ms"] * (1 + noise(best) + noise(chosen)), (chosen, best)
+    assert rec["study"]["server_starts"] <= 6
+
+
+def test_nospec_study_keeps_no_speculation(make_spec, tmp_path):
+    g = grid("nospec")
+    assert g[0]["config_key"] == NONE, g[0]
+    spec = make_spec("benchmarks/workloads/nospec.yaml", space__k={"min": 1, "max": 4},
+                     budget__max_trials=3, budget__max_server_starts=5, objective__confirm_starts=1)
+    rec = run_study(spec, tmp_path)
+    assert rec["decision"] in ("keep", "disable"), rec["reason"]
+    assert rec["speculative_config"] is None
