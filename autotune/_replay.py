@@ -19,6 +19,13 @@ chunk, e2e is send -> ``[DONE]``, TPOT is ``(e2e - ttft) / (completion_tokens - 
 with the server-reported usage (a chunk can carry several tokens when drafts are
 accepted, so chunks cannot be counted instead).
 
+The client's cost per streamed chunk matters twice: the client shares the host with the
+server (on a small host its CPU is taken from the server being measured) and it sits between a
+chunk's arrival and its timestamp. So the streams go through ``_http`` (asyncio streams, one
+keep-alive connection per request in flight), which costs less than half of httpx's CPU per
+chunk; see benchmarks/client_capacity.py and docs/benchmarks.md for the figures and the
+comparison with `vllm bench serve`.
+
 SSE parsing is split into :func:`parse_sse_line` and :class:`StreamParser`, which
 take text lines and timestamps only, so they are tested on real captures.
 

@@ -132,7 +132,9 @@ def plot_acceptance(plt, trials, path: Path) -> Path | None:
         rates = d.get("per_position_rates") or []
         g = _group_label(cfg)
         if rates and len(rates) > len(best.get(g, (0, []))[1]):
-            best[g] = (t.number, rates, _predict.coverage_of(d, (t.user_attrs["measurement"].get("summary") or {}).get("n")))
+            m = t.user_attrs["measurement"]
+            n = _predict._profile_requests(m) or (m.get("summary") or {}).get("n")
+            best[g] = (t.number, rates, _predict.coverage_of(d, n))
     if not best:
         return None
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
@@ -206,8 +208,8 @@ def plot_trials(plt, trials, path: Path) -> Path | None:
             ax.plot(*zip(*pts), "o", color=c, label=role)
     best, run = math.inf, []
     for x, t in sorted(zip(xs, done), key=lambda p: p[0]):
-        if (t.user_attrs.get("config") and all(c <= 0 for c in (t.constraints or {}).values())
-                if isinstance(t.constraints, dict) else t.user_attrs.get("config")):
+        cons = t.constraints if isinstance(t.constraints, dict) else {}
+        if t.user_attrs.get("config") and all(c <= 0 for c in cons.values()):
             best = min(best, t.value)
         run.append((x, best if math.isfinite(best) else None))
     pts = [(x, b) for x, b in run if b is not None]
@@ -375,8 +377,26 @@ def _blocks(study_name, workload, trials, predictor, rec, pred_rows, bands_info,
                           if chk.get("k0_vs_no_speculation") else "")))
         b.append(("img", figs["bands"].name, "K by batch size; squares: measured draft tokens per decode step"))
     else:
-        b.append(("p", "No band schedule was measured (see `space.bands` and `replay.mode: profile`)."))
+        b.append(("p", "No band schedule was measured (see `space.bands` and `replay.mode: profile`)."
+                       + _per_level_best((predictor or {}).get("table") or [])))
     return b
+
+
+def _per_level_best(table: list[dict]) -> str:
+    """From the predictor's table: the predicted best K at each concurrency level."""
+    best: dict[str, tuple[float, str]] = {}
+    for r in table:
+        if r.get("bands"):
+            continue
+        for L, (_, mid, _) in (r.get("per_level") or {}).items():
+            if L not in best or mid < best[L][0]:
+                best[L] = (mid, r["label"])
+    if len(best) < 2:
+        return ""
+    return (" Predicted best per concurrency level: " +
+            "; ".join(f"{L}: {lab} ({v:.2f} ms)" for L, (v, lab) in sorted(best.items(), key=lambda x: int(x[0])))
+            + (" (one configuration is best at every level: no schedule was worth a start)."
+               if len({lab for _, lab in best.values()}) == 1 else "."))
 
 
 def _q(a: str) -> str:

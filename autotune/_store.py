@@ -112,6 +112,34 @@ def migrate(url: str, sql_dir: Path = SQL_DIR) -> list[int]:
     return applied_now
 
 
+def open_optuna_storage(url: str, **kw):
+    """Optuna's RDBStorage, created under a cross-process lock.
+
+    Optuna creates its schema on first use without a lock, and on PostgreSQL two workers doing
+    that at once collide (``CREATE TYPE studydirection``: duplicate key). A session advisory
+    lock on PostgreSQL (a file lock beside the database on SQLite) lets one create and the
+    others find the tables.
+    """
+    import optuna
+
+    if url.startswith("postgresql"):
+        eng = engine_for(url)
+        with eng.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
+            c.exec_driver_sql(f"SELECT pg_advisory_lock({_PG_LOCK_KEY + 1})")
+            try:
+                return optuna.storages.RDBStorage(url, **kw)
+            finally:
+                c.exec_driver_sql(f"SELECT pg_advisory_unlock({_PG_LOCK_KEY + 1})")
+    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+        from ._lock import FileLock
+
+        path = Path(url.removeprefix("sqlite:///"))
+        with FileLock(path.with_name(path.name + ".init-lock")).acquire(what="optuna schema", wait=True,
+                                                                         poll_s=0.1):
+            return optuna.storages.RDBStorage(url, **kw)
+    return optuna.storages.RDBStorage(url, **kw)
+
+
 def _exec(conn, sql: str, **params):
     import sqlalchemy as sa
 

@@ -30,6 +30,7 @@ from ._probe import Capabilities
 from ._space import NONE, SearchSpace, canonical
 from ._spec import StudySpec
 from ._signals import signame_of
+from ._store import open_optuna_storage
 from ._trial import Measurement, TrialFailed, measure
 
 log = logging.getLogger(__name__)
@@ -124,7 +125,7 @@ class Study:
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             sampler = optuna.samplers.TPESampler(seed=spec.seed if sampler_seed is None else sampler_seed,
                                                  n_startup_trials=4, multivariate=True, group=True)
-            self.storage = optuna.storages.RDBStorage(
+            self.storage = open_optuna_storage(
                 storage, heartbeat_interval=HEARTBEAT_INTERVAL_S, grace_period=HEARTBEAT_GRACE_S,
                 heartbeat_stale_trial_callback=StaleTrialCallback(on_failed=self._record_trial))
         self.study = optuna.create_study(study_name=self.name, storage=self.storage, direction="minimize",
@@ -290,8 +291,8 @@ class Study:
 
     def _record_trial(self, frozen) -> None:
         """The trial's headline numbers into autotune_trials (SRE reports, exporter)."""
-        if self.store is None or frozen.state.name in ("WAITING", "RUNNING"):
-            return
+        if self.store is None or frozen.state.name in ("WAITING", "RUNNING", "PRUNED"):
+            return  # pruned trials started nothing (duplicates, already measured)
         m = frozen.user_attrs.get("measurement") or {}
         d = m.get("spec_delta") or {}
         cfg = frozen.user_attrs.get("config") or {}

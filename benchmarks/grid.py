@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import statistics
 import sys
 import time
@@ -25,6 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from autotune import _measure, _replayset  # noqa: E402
 from autotune._probe import probe, python_for  # noqa: E402
+from autotune._signals import graceful_stop  # noqa: E402
 from autotune._space import NONE, SearchSpace, canonical  # noqa: E402
 from autotune._spec import load_spec  # noqa: E402
 from autotune._study import split_requests  # noqa: E402
@@ -109,12 +109,12 @@ def report(rows: list[dict], statistic: str = "median") -> str:
     return "\n".join(lines)
 
 
-def _stop_on_term(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")  # unwinds through measure(), which stops the server
-
-
 def main(argv=None) -> int:
-    signal.signal(signal.SIGTERM, _stop_on_term)
+    with graceful_stop():  # SIGTERM unwinds through measure(), which stops the server
+        return _main(argv)
+
+
+def _main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("spec")
     ap.add_argument("--k", help="comma-separated K values (default: the space's whole K range)")

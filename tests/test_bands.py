@@ -111,3 +111,25 @@ def test_levels_from_traffic():
     assert weights[-1] > weights[0]  # the burst produces most tokens
     with pytest.raises(ValueError, match="arrival times"):
         levels_from_traffic([ReplayRequest(id="a", endpoint="completions", body={"prompt": "x"})], 20.0)
+
+
+def test_study_takes_levels_from_traffic_when_the_spec_sets_none(tmp_path):
+    from autotune._replayset import ReplaySet
+    from autotune._search import with_profile
+    from autotune._spec import StudySpec
+
+    reqs = [ReplayRequest(id=f"q{i}", endpoint="completions", body={"prompt": "x", "max_tokens": 50}, ts=i * 10.0)
+            for i in range(40)]
+    reqs += [ReplayRequest(id=f"b{i}", endpoint="completions", body={"prompt": "x", "max_tokens": 50},
+                           ts=1000.0 + i * 0.125) for i in range(320)]
+    base = {"workload": "w", "model": "m", "replay": {"path": "r.jsonl", "concurrency": 4}}
+    notes: list[str] = []
+    spec = StudySpec.model_validate({**base, "space": {"bands": {"enabled": True, "tpot_ms": 20.0}}})
+    out = with_profile(spec, ReplaySet(path=tmp_path, requests=reqs), notes)
+    assert out.replay.mode == "profile" and out.replay.levels[0] == 1 and len(out.replay.levels) == 2
+    assert sum(out.replay.level_weights) == pytest.approx(1.0) and "from the traffic" in notes[-1]
+    # without a TPOT estimate (and no replay.levels) nothing changes, and the study says why
+    spec = StudySpec.model_validate({**base, "space": {"bands": {"enabled": True}}})
+    assert with_profile(spec, ReplaySet(path=tmp_path, requests=reqs), notes) is spec and "no bands" in notes[-1]
+    spec = StudySpec.model_validate(base)
+    assert with_profile(spec, ReplaySet(path=tmp_path, requests=reqs), notes) is spec

@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -90,6 +91,8 @@ def test_daemon_runs_stops_on_sigterm_and_a_second_daemon_exits(setup):
     d1 = subprocess.Popen([sys.executable, "-m", "autotune", "daemon", "run", "--now"], stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, env=env)
     lines = []
+    watchdog = threading.Timer(240, d1.kill)  # never hang the suite on a stuck daemon
+    watchdog.start()
     try:
         for line in d1.stdout:
             lines.append(line)
@@ -117,6 +120,7 @@ def test_daemon_runs_stops_on_sigterm_and_a_second_daemon_exits(setup):
         assert d1.returncode == 0 and time.monotonic() - t0 < 10
         assert "stopping (SIGTERM)" in rest
     finally:
+        watchdog.cancel()
         if d1.poll() is None:
             d1.kill()
 

@@ -157,7 +157,7 @@ def test_noise_estimate_from_repeated_starts():
 
 def test_band_candidate_speculates_where_it_pays():
     # concurrency 1: steps are cheap to verify, K pays; concurrency 8: each draft token costs a lot
-    w = Workload(rates=RATES, levels={1: (10.0, 0.5, 0.2), 8: (14.0, 10.0, 8.0)})
+    w = Workload(rates=RATES, levels={1: (10.0, 0.5, 0.2), 8: (14.0, 10.0, 12.0)})
     weights = {1: 0.5, 8: 0.5}
     obs = [w.observe(None), w.observe(ngram(8)), w.observe(ngram(3))]
     st = next_step(obs, space_ngram(), weights=weights, bands_max_batch=8)

@@ -211,12 +211,13 @@ def test_wait_waits_for_the_gpu_then_runs(setup):
                              str(spec), "--wait"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=setup["env"])
     try:
-        time.sleep(4)
+        first = proc.stdout.readline()  # blocks until it reports that it waits
+        assert "GPU 7 is busy" in first and "waiting" in first, first
+        time.sleep(1)
         assert proc.poll() is None and not setup["marker"].exists()  # waiting, nothing started
     finally:
         lock.release()
-    out, err = proc.communicate(timeout=60)
-    assert "GPU 7 is busy" in out and "waiting" in out
+    out, err = proc.communicate(timeout=120)
     assert proc.returncode == 3 and setup["marker"].exists()  # then it ran (the fake baseline fails)
 
 
@@ -260,3 +261,20 @@ def test_if_stale_is_idempotent(setup):
 def test_if_stale_rejects_a_bad_duration(setup):
     r = _start(setup, _write(setup), "--if-stale", "soon")
     assert r.returncode == 2 and "--if-stale: invalid duration 'soon'" in r.stderr
+
+
+def test_nightly_samples_fresh_traffic_from_the_pool_first(setup):
+    from _traffic_logs import chat_rows, write_jsonl
+
+    from autotune._traffic import import_paths
+    from autotune._workloads import Classifier
+
+    f = write_jsonl(setup["dir"] / "logs" / "code.jsonl", chat_rows(80))
+    import_paths([str(f)], setup["dir"] / "home", classifier=Classifier(force="code"))
+    setup["data"]["space"]["methods"] = ["ngram"]
+    replay = setup["dir"] / "replay.jsonl"
+    before = replay.read_text()
+    r = _start(setup, _write(setup), "--nightly")
+    assert "fresh traffic: sampled" in r.stdout and str(replay) in r.stdout, r.stdout + r.stderr
+    assert replay.read_text() != before and '"endpoint": "chat"' in replay.read_text()
+    assert r.returncode == 3 and setup["marker"].exists()  # then the study ran on it (fake engine)

@@ -113,7 +113,7 @@ def test_grid_and_tpe_modes_still_search(tmp_path, monkeypatch):
 
 def test_bands_are_searched_verified_and_confirmed(tmp_path, monkeypatch):
     # K pays at concurrency 1 and loses at 8: the best deployment speculates only at small batches
-    w = Workload(rates=RATES, levels={1: (10.0, 0.5, 0.2), 8: (14.0, 10.0, 8.0)})
+    w = Workload(rates=RATES, levels={1: (10.0, 0.5, 0.2), 8: (14.0, 10.0, 12.0)})
     spec = make_spec(tmp_path, levels={1: 0.5, 8: 0.5}, bands=True)
     study, outcome, fm = run_study(tmp_path, monkeypatch, w, spec)
     band_trials = [t for t in study.trials() if (t.user_attrs.get("config") or {}).get(BANDS_KEY)]
@@ -131,7 +131,7 @@ def test_bands_are_searched_verified_and_confirmed(tmp_path, monkeypatch):
 
 
 def test_bands_not_in_vllm_are_not_searched(tmp_path, monkeypatch):
-    w = Workload(rates=RATES, levels={1: (10.0, 0.5, 0.2), 8: (14.0, 10.0, 8.0)})
+    w = Workload(rates=RATES, levels={1: (10.0, 0.5, 0.2), 8: (14.0, 10.0, 12.0)})
     spec = make_spec(tmp_path, levels={1: 0.5, 8: 0.5}, bands=True)
     study, outcome, fm = run_study(tmp_path, monkeypatch, w, spec, caps_fields=FIELDS[:-1])
     assert not any(c and c.get(BANDS_KEY) for c in fm.calls)
@@ -142,7 +142,7 @@ def test_report_from_the_study(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
     from autotune import _report
 
-    w = Workload(rates=RATES, levels={1: (10.0, 0.5, 0.2), 8: (14.0, 10.0, 8.0)})
+    w = Workload(rates=RATES, levels={1: (10.0, 0.5, 0.2), 8: (14.0, 10.0, 12.0)})
     spec = make_spec(tmp_path, levels={1: 0.5, 8: 0.5}, bands=True)
     study, outcome, fm = run_study(tmp_path, monkeypatch, w, spec)
     st = optuna.load_study(study_name=study.name, storage=spec.storage)

@@ -185,3 +185,24 @@ def test_unreachable_database_is_a_store_error():
     with pytest.raises(StoreError) as ei:
         migrate("postgresql+psycopg://u:secret@127.0.0.1:1/none")
     assert "secret" not in str(ei.value) and "u:***@" in str(ei.value)
+
+
+def _open_optuna_in_child(url: str, q) -> None:
+    import optuna
+
+    _store._engines.clear()
+    storage = _store.open_optuna_storage(url)
+    optuna.create_study(study_name="autotune-code-x", storage=storage, load_if_exists=True)
+    q.put("ok")
+
+
+def test_workers_creating_optunas_schema_at_once_do_not_collide(url):
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_open_optuna_in_child, args=(url, q)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    assert [q.get(timeout=5) for _ in procs] == ["ok"] * 3
