@@ -20,6 +20,7 @@ from pathlib import Path
 
 import click
 
+from ._runner import storage_for
 from ._settings import Settings, get_settings
 from ._spec import SpecError, find_spec, load_spec
 
@@ -36,16 +37,6 @@ def _spec_for(workload: str, spec_path: str | None, settings: Settings):
         return load_spec(spec_path or find_spec(workload, settings.studies_dir))
     except SpecError as e:
         _fail(str(e), EXIT_INPUT)
-
-
-def _storage_for(spec, cli_storage: str | None, settings: Settings) -> str:
-    url = cli_storage or settings.storage or spec.storage
-    if not url:
-        Path(settings.home).mkdir(parents=True, exist_ok=True)
-        url = f"sqlite:///{Path(settings.home).resolve() / 'autotune.db'}"
-    if url.startswith("sqlite:///"):
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    return url
 
 
 @click.group()
@@ -128,7 +119,7 @@ def study_list(storage) -> None:
     if not urls:
         for p in sorted(Path(settings.studies_dir).glob("*.y*ml")):
             try:
-                urls.add(_storage_for(load_spec(p), None, settings))
+                urls.add(storage_for(load_spec(p), None, settings))
             except SpecError:
                 continue
     for url in sorted(urls):
@@ -147,7 +138,7 @@ def study_show(workload, storage, study_name) -> None:
 
     settings = get_settings()
     spec = _spec_for(workload, None, settings)
-    url = _storage_for(spec, storage, settings)
+    url = storage_for(spec, storage, settings)
     names = [s.study_name for s in optuna.get_all_study_summaries(url, include_best_trial=False)
              if s.study_name.startswith(spec.study_name + "-") or s.study_name == study_name]
     if study_name:

@@ -19,13 +19,14 @@ def report(workload, out_dir, spec_path, storage, study_name) -> None:
     import optuna
 
     from . import _recommend
-    from ._cli import EXIT_INPUT, _fail, _spec_for, _storage_for
+    from ._cli import EXIT_INPUT, _fail, _spec_for
     from ._report import ReportError, build
+    from ._runner import storage_for
     from ._settings import get_settings
 
     settings = get_settings()
     spec = _spec_for(workload, spec_path, settings)
-    url = _storage_for(spec, storage, settings)
+    url = storage_for(spec, storage, settings)
     summaries = optuna.get_all_study_summaries(url, include_best_trial=False)
     names = [s.study_name for s in summaries if s.study_name.startswith(spec.study_name + "-")
              or s.study_name == study_name]

@@ -7,9 +7,12 @@ and a night with fresh traffic starts a new study.
 
 Order of work, spending server starts on purpose:
 1. the no-speculation baseline (the reference every ratio is taken against);
-2. each method at its largest K (its per-position acceptance covers every smaller K), then at
-   the K where that acceptance levels off (``SearchSpace.knee_k``);
-3. Optuna's TPE sampler, guards as constraints, until the budget or the space runs out;
+2. each method at its largest K (its per-position acceptance covers every smaller K);
+3. ``objective.search`` (``_search.drive``): by default the predictor (``_predict``) starts what
+   it rates likely to beat the best by more than the noise, band schedules included, and stops
+   when nothing is; ``grid``/``random`` measure every candidate; ``tpe`` (or a predictor without
+   data) goes on with the acceptance knee (``SearchSpace.knee_k``) and Optuna's TPE sampler,
+   guards as constraints, until the budget or the space runs out;
 4. ``confirm_starts`` fresh starts each of baseline and winner on fresh requests, so the
    winner's curse and start-to-start variance show up in the confidence interval.
 """

@@ -8,6 +8,7 @@ import random
 
 import optuna
 import pytest
+import yaml
 
 from _synthetic import Workload, ngram
 from autotune import _replayset, _study
@@ -29,14 +30,16 @@ def make_spec(tmp_path, search="predictor", levels=None, bands=False, budget=Non
     replay = {"path": str(path), "concurrency": 4, "warmup": 4, "requests": 24}
     if levels:
         replay.update(mode="profile", levels=list(levels), level_weights=list(levels.values()))
-    return StudySpec.model_validate({
+    data = {
         "workload": "syn", "model": "m", "replay": replay,
         "space": {"methods": ["ngram"], "k": {"min": 1, "max": 8},
                   "ngram": {"prompt_lookup_min": [1], "prompt_lookup_max": [4]}, "bands": {"enabled": bands}},
         "budget": budget or {"max_trials": 12, "max_server_starts": 14, "max_wall_minutes": 10},
         "objective": {"confirm_starts": 1, "search": search},
         "engine": {"serve_args": {"max_num_seqs": 8}},
-        "storage": f"sqlite:///{tmp_path / 'study.db'}", "recommendations_dir": str(tmp_path / "rec")})
+        "storage": f"sqlite:///{tmp_path / 'study.db'}", "recommendations_dir": str(tmp_path / "rec")}
+    (tmp_path / "syn.yaml").write_text(yaml.safe_dump(data))
+    return StudySpec.model_validate(data)
 
 
 def fake_measure(w: Workload, seed=0, weights=None):
@@ -151,3 +154,23 @@ def test_report_from_the_study(tmp_path, monkeypatch):
         assert paths[name].exists() and paths[name].stat().st_size > 0, name
     md = paths["markdown"].read_text()
     assert "![" in md and "Band schedule" in md and "took effect: True" in md
+
+    # the command line: the workload's latest study from the spec's storage
+    from click.testing import CliRunner
+
+    from autotune._cli import main
+
+    res = CliRunner().invoke(main, ["report", "syn", "--spec", str(tmp_path / "syn.yaml"), "--out",
+                                    str(tmp_path / "cli-report")], env={"AUTOTUNE__HOME": str(tmp_path / "home")})
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "cli-report" / "report.html").exists() and "predicted_vs_measured" in res.output
+
+
+def test_report_without_matplotlib_says_how_to_install(monkeypatch, tmp_path):
+    import sys
+
+    from autotune import _report
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails as if not installed
+    with pytest.raises(_report.ReportError, match=r"autotune\[report\]"):
+        _report.build("s", [], {}, tmp_path)
