@@ -95,6 +95,10 @@ def ours_figures(results, lo: float = float("-inf"), hi: float = float("inf")) -
     last = [(r.last_token_ms - r.ttft_ms) / (r.output_tokens - 1) for r in ok
             if r.last_token_ms is not None and r.output_tokens and r.output_tokens > 1]
     engine = [x for r in ok for x in [(r.server_metrics or {}).get("mean_itl_ms")] if isinstance(x, (int, float))]
+    # per request: send time, client TTFT and e2e, the engine's queue time, TTFT and generation time
+    fig["timeline"] = [[round(r.started_at, 4), round(r.ttft_ms, 2), round(r.e2e_ms, 2)]
+                       + [(r.server_metrics or {}).get(k) for k in
+                          ("queue_time_ms", "time_to_first_token_ms", "generation_time_ms")] for r in ok]
     fig.update(mean_tpot_ms_to_last_token=statistics.fmean(last) if last else None,
                engine_tpot_ms=engine, engine_tpot_ms_mean=statistics.fmean(engine) if engine else None,
                output_tokens=sorted({r.output_tokens for r in ok}), failed=sum(not r.ok for r in results),
@@ -110,6 +114,8 @@ def bench_figures(res: dict, lo: float = float("-inf"), hi: float = float("inf")
     tpot = [(res["latencies"][i] - res["ttfts"][i]) / (res["output_lens"][i] - 1) * 1000.0 for i in keep
             if res["output_lens"][i] and res["output_lens"][i] > 1]
     fig = _stats(tpot, [res["ttfts"][i] * 1000.0 for i in keep], [x * 1000.0 for i in keep for x in res["itls"][i]])
+    fig["timeline"] = [[round(res["start_times"][i], 4), round(res["ttfts"][i] * 1000.0, 2),
+                        round(res["latencies"][i] * 1000.0, 2)] for i in keep]
     fig.update(output_tokens=sorted({res["output_lens"][i] for i in keep}), failed=len(res["errors"]) - len(idx),
                excluded=len(idx) - len(keep),
                bench_reported={k: res.get(k) for k in ("mean_tpot_ms", "median_tpot_ms", "mean_itl_ms",
