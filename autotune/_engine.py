@@ -212,9 +212,19 @@ class VllmServer:
             self.pidfile = None
         self.proc = None
 
-    def death(self) -> str | None:
-        """None while the server runs; else how it ended, with vLLM's own error line if it logged one."""
-        rc = self.proc.poll() if self.proc is not None else None
+    def death(self, grace_s: float = 0.0) -> str | None:
+        """None while the server runs; else how it ended, with vLLM's own error line if it logged one.
+
+        ``grace_s``: how long to wait for an exit. A client sees its connections reset while the
+        kernel is still tearing a killed server down, before ``waitpid`` reports it, so a caller
+        asking after a failed replay gives it a moment.
+        """
+        if self.proc is None:
+            return None
+        try:
+            rc = self.proc.wait(timeout=grace_s) if grace_s > 0 else self.proc.poll()
+        except subprocess.TimeoutExpired:
+            rc = None
         if rc is None:
             return None
         try:

@@ -120,5 +120,18 @@ def check_replay(spec: StudySpec):
     from ._study import split_requests
 
     rs = _replayset.load(spec.replay.path)
-    split_requests(spec, rs)
+    warmup, search, _ = split_requests(spec, rs)
+    mode = getattr(spec.replay, "mode", "closed")
+    if mode == "open":  # every request is sent at its recorded time
+        lines = {r.id: i for i, r in enumerate(rs.requests, 1)}
+        missing = [r.id for r in rs.requests if r.ts is None]
+        if missing:
+            raise ValueError(f"{rs.path}:{lines[missing[0]]}: replay.mode is 'open' but request {missing[0]!r} "
+                             f"has no recorded arrival time (ts); {len(missing)} of {len(rs.requests)} lack one")
+    elif mode == "profile" and spec.replay.levels:  # one warm-up wave + at least one measured request per level
+        need = sum(spec.replay.levels) + len(spec.replay.levels)
+        if len(warmup) + len(search) < need:
+            raise ValueError(f"{rs.path}: replay.levels {spec.replay.levels} need at least {need} requests per "
+                             f"server start (a warm-up wave and measured requests per level), "
+                             f"replay.warmup + replay.requests give {len(warmup) + len(search)}")
     return rs

