@@ -7,6 +7,7 @@ Exit codes (stable; cron and the daemon read them; see ``autotune._runner``):
   3  the engine or database could not be used: vLLM missing, probe failed, baseline failed,
      storage unreachable
   4  the recommendation could not be written (the previous file is left intact)
+  5  the replay does not reproduce production (fidelity gate): no recommendation written
   75 GPU busy: another study holds this GPU's lock (EX_TEMPFAIL; --wait waits instead)
   130 interrupted (SIGINT/SIGTERM): the running server was stopped, the trial marked failed
 """
@@ -93,7 +94,8 @@ def study_start(workload, spec_path, storage, study_name, max_trials, max_server
     """Run one study now, in the foreground, and write recommendations/<workload>.json.
 
     Exit codes: 0 written (or fresh with --if-stale), 2 bad input, 3 engine or database
-    unusable, 4 recommendation not writable, 75 GPU busy, 130 interrupted (see README)."""
+    unusable, 4 recommendation not writable, 5 replay does not reproduce production (fidelity
+    gate), 75 GPU busy, 130 interrupted (see README)."""
     from ._runner import RunRequest, run
     from ._schedule import parse_duration
 
@@ -183,6 +185,8 @@ def recommend_show(workload, as_json) -> None:
         return
     ev = rec["evidence"]
     click.echo(f"{rec['workload']}: {rec['decision']} — {rec['reason']}")
+    if rec.get("warning"):
+        click.echo(f"  WARNING: {rec['warning']}")
     click.echo(f"  speculative_config: {json.dumps(rec['speculative_config'])}")
     click.echo(f"  add to vllm serve:  {' '.join(_q(a) for a in rec['vllm_serve_args']) or '(nothing)'}")
     if "speedup" in ev:
@@ -193,6 +197,10 @@ def recommend_show(workload, as_json) -> None:
                f"created {rec['created_at']}, expires {rec['expires_at']}")
     for note in (rec.get("drift") or {}).get("notes") or []:
         click.echo(f"  drift: {note}")
+    from ._trust_cli import show_trust_lines  # fidelity, engine fingerprint, canary, kill criteria
+
+    for line in show_trust_lines(rec):
+        click.echo(f"  {line}")
 
 
 def _q(arg: str) -> str:
@@ -240,3 +248,7 @@ from ._ops_cli import db; main.add_command(db)  # noqa: E402,E702  `autotune db 
 from ._ops_cli import recommend_diff; recommend.add_command(recommend_diff)  # noqa: E402,E702
 from ._ops_cli import recommend_history; recommend.add_command(recommend_history)  # noqa: E402,E702
 from ._report_cli import report; main.add_command(report)  # noqa: E402,E702  `autotune report W`
+from ._trust_cli import telemetry; main.add_command(telemetry)  # noqa: E402,E702  `autotune telemetry scrape|show`
+from ._trust_cli import drift; main.add_command(drift)  # noqa: E402,E702  `autotune drift check W`
+from ._trust_cli import recommend_mark_deployed; recommend.add_command(recommend_mark_deployed)  # noqa: E402,E702
+from ._trust_cli import recommend_check; recommend.add_command(recommend_check)  # noqa: E402,E702

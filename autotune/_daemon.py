@@ -199,6 +199,8 @@ class Daemon:
                         if w is None:
                             continue
                         try:
+                            if self.no_retune_needed(w):  # drift.skip_unless_drift: no study without drift
+                                continue
                             self.say(f"{w}: nightly run starts")
                             code = run_workload(RunRequest(workload=w, nightly=True, kind="daemon", wait_for_gpu=True),
                                                 self.settings, echo=self._prefixed(w), on_event=self.on_event,
@@ -219,6 +221,27 @@ class Daemon:
                 self.exporter.shutdown()
             lock.release()
         return 0
+
+    def no_retune_needed(self, w: str) -> bool:
+        """With ``drift.skip_unless_drift``: fresh traffic, then `autotune drift check` (no GPU);
+        True (and the figures said) when it finds no reason to retune. Any error runs the study."""
+        spec = self.specs.get(w)
+        if spec is None or not spec.drift.skip_unless_drift:
+            return False
+        try:
+            from . import _drift
+            from ._runner import _refresh_traffic, recommendations_dir
+            from ._trust_cli import drift_result
+
+            _refresh_traffic(spec, Path(self.settings.home).resolve(), self._prefixed(w))
+            res = drift_result(spec)
+            _drift.append_check(recommendations_dir(spec, self.settings), w, "drift", res)
+        except Exception as e:
+            self.say(f"[{w}] drift check failed ({type(e).__name__}: {e}); running the study")
+            return False
+        for line in _drift.drift_lines(res):
+            self.say(f"[{w}] {line}")
+        return not res["retune"]
 
     def _prefixed(self, w: str):
         return lambda msg, err=False: self.say(f"[{w}] {msg}", err=err)

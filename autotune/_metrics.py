@@ -113,6 +113,9 @@ class SpecDelta:
     preemptions: float
     server_tpot_ms_mean: float | None
     server_itl_ms_mean: float | None
+    itl_count: float | None = None
+    """ITL histogram observations: one per decode step of a request (drafted or not), so the
+    decode steps; None when the server has no ITL histogram."""
 
     @property
     def acceptance_length(self) -> float | None:
@@ -155,6 +158,7 @@ class SpecDelta:
             "preemptions": self.preemptions,
             "server_tpot_ms_mean": self.server_tpot_ms_mean,
             "server_itl_ms_mean": self.server_itl_ms_mean,
+            "itl_count": self.itl_count,
             "acceptance_length": self.acceptance_length,
             "acceptance_rate": self.acceptance_rate,
             "per_position_rates": self.per_position_rates,
@@ -194,4 +198,6 @@ def delta(before: Snapshot, after: Snapshot) -> SpecDelta:
         preemptions=_counter_delta(before, after, PREEMPTIONS),
         server_tpot_ms_mean=_histogram_mean_ms(before, after, TPOT_HISTOGRAMS),
         server_itl_ms_mean=_histogram_mean_ms(before, after, ITL_HISTOGRAMS),
+        itl_count=(_counter_delta(before, after, ITL_HISTOGRAMS[0] + "_count")
+                   if after.get(ITL_HISTOGRAMS[0] + "_count") is not None else None),
     )

@@ -214,7 +214,7 @@ def _warnings(spec) -> dict:
     """``warning`` (and ``benchmark_only``) for a recommendation that must not be deployed as is."""
     out: dict = {}
     warns = [] if spec.production_equivalent else ["NOT production-equivalent: engine setup differs"]
-    bench = spec.benchmark_only() if hasattr(spec, "benchmark_only") else None
+    bench = spec.benchmark_only()
     if bench:
         out["benchmark_only"] = bench
         warns.append("BENCHMARK ONLY: measured with synthetic acceptance (benchmark.synthetic_acceptance); "

@@ -317,6 +317,9 @@ def _blocks(study_name, workload, trials, predictor, rec, pred_rows, bands_info,
     b.append(("h", "Recommendation", 2))
     if rec:
         b.append(("p", f"**{rec['decision']}**: {rec['reason']}"))
+        if rec.get("benchmark_only"):
+            b.append(("p", f"**BENCHMARK ONLY, do not deploy**: {rec.get('warning', '')} "
+                           f"(`{json.dumps(rec['benchmark_only'].get('synthetic_acceptance'))}`)"))
         b.append(("code", json.dumps(rec.get("speculative_config"), indent=2)))
         if rec.get("vllm_serve_args"):
             b.append(("code", "vllm serve ... " + " ".join(_q(a) for a in rec["vllm_serve_args"])))

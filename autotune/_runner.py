@@ -15,6 +15,9 @@ Exit codes (stable; cron, systemd and the daemon read them):
   2   bad input: spec, replay set, traffic, model path, a field this vLLM lacks
   3   engine or database unusable: vLLM missing, probe failed, baseline failed, storage unreachable
   4   recommendation not writable (the previous file, history and table are unchanged)
+  5   the replay does not reproduce production (fidelity gate, ``production.telemetry``): the
+      message names each figure that is off and by how much; no recommendation is written (the
+      previous file, history and table are unchanged)
   75  GPU busy: another study holds this GPU's lock (EX_TEMPFAIL; ``--wait`` waits instead)
   130 interrupted by SIGTERM/SIGINT: server stopped, running trial marked failed; rerun resumes
 """
@@ -37,6 +40,7 @@ from ._spec import SpecError, find_spec, load_spec
 log = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_INPUT, EXIT_ENGINE, EXIT_WRITE, EXIT_BUSY, EXIT_INTERRUPTED = 0, 2, 3, 4, EX_TEMPFAIL, 130
+EXIT_FIDELITY = 5
 
 
 @dataclass
@@ -159,7 +163,7 @@ def _holder(h: dict) -> str:
 
 def _locked(req: RunRequest, spec, settings: Settings, echo: Echo, on_event, lock_dir: Path,
             stop: StopState) -> int:
-    from . import _history, _preflight, _recommend, _recovery
+    from . import _drift, _gate, _history, _preflight, _recommend, _recovery
     from ._probe import ProbeError, probe, python_for
     from ._replayset import ReplaySetError
     from ._space import SearchSpace
@@ -204,6 +208,9 @@ def _locked(req: RunRequest, spec, settings: Settings, echo: Echo, on_event, loc
     try:
         warnings = _preflight.check_fields(spec, caps, space)
         _preflight.check_replay(spec)
+        if spec.production.telemetry:  # the fidelity gate's input, read before any server start
+            from ._telemetry import load as load_telemetry
+            load_telemetry(spec.production.telemetry)
     except (SpecError, ReplaySetError, ValueError) as e:
         return failed_before_start(str(e), EXIT_INPUT)
     previous = _history.previous(spec.workload, rec_dir, store)
@@ -240,6 +247,13 @@ def _locked(req: RunRequest, spec, settings: Settings, echo: Echo, on_event, loc
         except TrialFailed as e:
             _finish(store, run_id, st, "failed", EXIT_ENGINE, error=e.reason)
             return fail(e.reason, EXIT_ENGINE)
+        except _gate.FidelityFailed as e:
+            for line in _gate.lines(e.result):
+                echo(f"  {line}")
+            msg = (f"the replay does not reproduce production ({'; '.join(e.result['off'])}); no recommendation "
+                   f"written, the previous one is unchanged")
+            _finish(store, run_id, st, "failed", EXIT_FIDELITY, error=msg)
+            return fail(msg, EXIT_FIDELITY)
         if req.worker:
             _finish(store, run_id, st, "ok", EXIT_OK)
             echo(f"worker done: {outcome.stopped_because}; {outcome.server_starts} server starts in the study")
@@ -247,6 +261,13 @@ def _locked(req: RunRequest, spec, settings: Settings, echo: Echo, on_event, loc
         decision = _recommend.decide(st)
         payload = _recommend.build(st, decision, outcome)
         payload["drift"] = _history.drift_block(st, payload, previous, spec.drift.min_acceptance_rate)
+        payload["fidelity"] = getattr(st, "fidelity", None) or _gate.not_checked(
+            "no production telemetry in the spec (production.telemetry)")
+        try:  # engine fingerprint, traffic profile, predicted figures, canary ranges, kill criteria
+            payload.update(_drift.trust_blocks(st, payload, payload["fidelity"]))
+        except Exception as e:  # never lose a study's recommendation over its auxiliary fields
+            log.warning("cannot derive the canary fields: %s", e)
+            payload["canary_error"] = f"{type(e).__name__}: {e}"
         payload["run"] = {"id": run_id, "kind": req.kind, "host": socket.gethostname(), "gpu": settings.gpu,
                           "nightly": req.nightly}
         try:
@@ -279,6 +300,8 @@ def _locked(req: RunRequest, spec, settings: Settings, echo: Echo, on_event, loc
             if "speedup" in ev else ""))
     for note in payload["drift"]["notes"]:
         echo(f"  drift: {note}")
+    for line in _gate.lines(payload["fidelity"]):
+        echo(f"  {line}")
     echo(f"  {outcome.server_starts} server starts, {len(outcome.trials)} trials, {outcome.wall_s:.0f}s")
     echo(f"wrote {path}")
     return EXIT_OK

@@ -280,6 +280,81 @@ class DriftSpec(_Model):
     """When a nightly recommendation must say that the deployed config no longer fits the traffic."""
     min_acceptance_rate: float = Field(default=0.4, ge=0, le=1,
                                        description="incumbent's accepted/drafted tokens below this = drift")
+    # `autotune drift check` (no GPU): what moves enough to retune (see autotune/_drift.py)
+    acceptance_length_change: float = Field(default=0.15, gt=0, description="relative change of production's "
+                                            "acceptance length at the deployed K that calls for a retune")
+    tokens_per_step_change: float = Field(default=0.15, gt=0, description="relative change of production's "
+                                          "tokens per decode step that calls for a retune")
+    tag_share_change: float = Field(default=0.2, gt=0, le=1, description="absolute change of a tag's share "
+                                    "of the traffic (0.8 -> 0.55 is 0.25) that calls for a retune")
+    prompt_length_change: float = Field(default=0.3, gt=0, description="relative change of the prompt "
+                                        "length p50 or p90 that calls for a retune")
+    skip_unless_drift: bool = Field(default=False, description="daemon: run the nightly study only when "
+                                    "`autotune drift check` finds a reason to retune")
+
+
+class FidelityTolerances(_Model):
+    """How close the incumbent's replay must come to production (relative, coverage absolute);
+    null skips a figure."""
+    acceptance_length: float | None = Field(default=0.10, gt=0)
+    coverage: float | None = Field(default=0.10, gt=0, description="absolute (drafted steps / decode steps)")
+    tokens_per_step: float | None = Field(default=0.10, gt=0)
+    tpot_p50: float | None = Field(default=0.25, gt=0)
+    tpot_p90: float | None = Field(default=0.35, gt=0)
+    tpot_mean: float | None = Field(default=0.25, gt=0)
+    itl_mean: float | None = Field(default=0.30, gt=0)
+
+
+class ProductionSpec(_Model):
+    """The deployment this workload's traffic comes from: its telemetry gates every study
+    (autotune/_gate.py) and drives `autotune drift check`."""
+    telemetry: str | None = Field(default=None, description="telemetry bundle of production (`autotune "
+                                  "telemetry scrape --out FILE`); null = no fidelity gate")
+    tolerances: FidelityTolerances = FidelityTolerances()
+
+
+class SyntheticAcceptanceSpec(_Model):
+    """Fixed per-position acceptance for cost benchmarks (dummy weights, no real draft quality).
+
+    vLLM then accepts draft position i with an unconditional rate (``rejection_sample_method:
+    synthetic``): the measured TPOT is the real cost of that acceptance profile, but the outputs
+    are not the target model's. Benchmarking only: never part of a recommended config."""
+    alpha: float | None = Field(default=None, gt=0, le=1,
+                                description="rates alpha^1 .. alpha^K for a trial with K speculative tokens")
+    rates: list[float] | None = Field(default=None, min_length=1,
+                                      description="explicit per-position rates (non-increasing); the first K are used")
+
+    @field_validator("rates")
+    @classmethod
+    def _rates(cls, v):
+        if v is None:
+            return v
+        for r in v:
+            if not 0 <= r <= 1:
+                raise ValueError(f"rates must lie in [0, 1], got {r}")
+        if any(b > a for a, b in zip(v, v[1:])):
+            raise ValueError(f"rates must be non-increasing (per-position unconditional rates), got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _one_of(self):
+        if (self.alpha is None) == (self.rates is None):
+            raise ValueError("give exactly one of alpha (rates alpha^1..alpha^K) or rates")
+        return self
+
+    def rates_for(self, k: int) -> list[float]:
+        """The ``synthetic_acceptance_rates`` of a trial with ``k`` speculative tokens."""
+        if self.alpha is not None:
+            return [round(self.alpha ** i, 6) for i in range(1, k + 1)]
+        if k > len(self.rates):
+            raise ValueError(f"benchmark.synthetic_acceptance.rates has {len(self.rates)} rates, a trial has K={k}")
+        return list(self.rates[:k])
+
+
+class BenchmarkSpec(_Model):
+    """Settings for measuring cost on test setups (dummy weights); every output made with them is
+    marked ``benchmark_only`` and none of them enters a recommended config."""
+    synthetic_acceptance: SyntheticAcceptanceSpec | None = None
 
 
 class StudySpec(_Model):
@@ -300,11 +375,47 @@ class StudySpec(_Model):
     traffic: TrafficSpec = Field(default=TrafficSpec(), description="`autotune traffic`: workload rules, redaction, sampling")
     schedule: ScheduleSpec = ScheduleSpec()
     drift: DriftSpec = DriftSpec()
+    production: ProductionSpec = Field(default=ProductionSpec(), description="production telemetry: fidelity gate and drift check")
+    benchmark: BenchmarkSpec | None = Field(default=None, description="benchmarking-only settings (synthetic "
+                                            "acceptance); marks every output made with them")
     source: str = Field(default="", exclude=True)
+
+    @field_validator("benchmark")
+    @classmethod
+    def _benchmark_covers_k(cls, v, info):
+        sa = v and v.synthetic_acceptance
+        space = info.data.get("space")
+        if sa is not None and sa.rates is not None and space is not None:
+            k_max = max(space.k_range(m).max for m in space.methods)
+            if k_max > len(sa.rates):
+                raise ValueError(f"synthetic_acceptance.rates has {len(sa.rates)} rates but the space "
+                                 f"reaches K={k_max}; give at least {k_max}")
+        return v
 
     @property
     def study_name(self) -> str:
         return f"autotune-{self.workload}"
+
+    def benchmark_only(self) -> dict | None:
+        """What makes this spec's measurements benchmark-only (None for a production study)."""
+        sa = self.benchmark and self.benchmark.synthetic_acceptance
+        if sa is None:
+            return None
+        return {"synthetic_acceptance": sa.model_dump(exclude_none=True),
+                "warning": "measured with vLLM's synthetic rejection sampler (fixed acceptance, outputs are "
+                           "not the model's): a cost benchmark, not a configuration to deploy"}
+
+    def run_config(self, config: dict | None) -> dict | None:
+        """The speculative config a trial's server gets: ``config`` plus the benchmark-only
+        synthetic acceptance for its K. ``config`` itself (what the study records and may
+        recommend) is left as it is."""
+        sa = self.benchmark and self.benchmark.synthetic_acceptance
+        if not config or sa is None:
+            return config
+        k = int(config.get("num_speculative_tokens") or 0)
+        if k < 1:
+            return config
+        return {**config, "rejection_sample_method": "synthetic", "synthetic_acceptance_rates": sa.rates_for(k)}
 
 
 def _expand(value: str, base: Path) -> str:
@@ -386,6 +497,8 @@ def load_spec(path: str | Path) -> StudySpec:
         "space": space, "engine": engine,
         "storage": spec.storage and _storage_url(spec.storage, base),
         "recommendations_dir": _expand(spec.recommendations_dir, base),
+        "production": spec.production.model_copy(update={"telemetry": _expand(spec.production.telemetry, base)})
+        if spec.production.telemetry else spec.production,
         "source": str(path),
     })
 

@@ -72,7 +72,9 @@ class StudyOutcome:
 def fingerprint(spec: StudySpec, replay_digest: str, caps: Capabilities) -> str:
     blob = json.dumps({"replay": replay_digest, "model": spec.model, "serve": spec.engine.serve_args,
                        "vllm": caps.version, "space": spec.space.model_dump(), "seed": spec.seed,
-                       "concurrency": spec.replay.concurrency}, sort_keys=True, default=str)
+                       "concurrency": spec.replay.concurrency,
+                       **({"benchmark": spec.benchmark.model_dump()} if spec.benchmark else {})},
+                      sort_keys=True, default=str)
     return hashlib.sha1(blob.encode()).hexdigest()[:8]
 
 
@@ -402,6 +404,10 @@ class Study:
             params = self._enqueueable(cfg)
             if params and not self.trials(config_key=canonical(cfg)) and not self._budget_left(reserve):
                 self._run_enqueued(params, ROLE_SEARCH)
+        self.fidelity = None
+        if self.leader and self.spec.production.telemetry:  # no search on a replay that misses production
+            from ._gate import check_study
+            self.fidelity = check_study(self)  # raises _gate.FidelityFailed, naming the figure that is off
         for method in self.space.methods:
             if self._budget_left(reserve):
                 break

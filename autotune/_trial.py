@@ -76,7 +76,7 @@ def measure(spec: StudySpec, config: dict | None, requests: list[ReplayRequest],
     port = free_port()
     serve_args = {**spec.engine.serve_args, **(extra_args or {})}
     # benchmark-only additions (synthetic acceptance) go to the server, never into ``config``
-    run_config = spec.run_config(config) if hasattr(spec, "run_config") else config
+    run_config = spec.run_config(config)
     argv = build_argv(command, spec.model, serve_args, run_config, port, spec.served_model_name)
     server = VllmServer(argv=argv, port=port, log_path=log_path, env=dict(spec.engine.env),
                         start_timeout_s=spec.engine.start_timeout_s, stop_timeout_s=spec.engine.stop_timeout_s,

@@ -1,0 +1,133 @@
+"""Measure single configurations (grid points, experiments) on the H200 with a study spec's
+setup, one server start each, appending one JSON row per start to ``--out`` as soon as it is
+measured (a command that hits its time limit keeps what it measured).
+
+A configuration already measured (same workload and config key in ``--out`` or in any
+``--done`` JSONL, e.g. the studies' exported trials) is skipped, so nothing is measured twice.
+The benchmark-only synthetic acceptance of the spec is added to the server's config (and
+recorded in ``run_config``), exactly as in a study trial.
+
+    python benchmarks/gpu/measure_points.py benchmarks/gpu/code-h200.yaml \
+        --configs '[null, {"method": "ngram", "num_speculative_tokens": 4, ...}]' \
+        --out $OUT/grid.jsonl [--done $OUT/trials.jsonl] [--label patched] [--log-dir /tmp/h200/logs]
+    python benchmarks/gpu/measure_points.py SPEC --grid ngram:1,2,4,8 draft_model:1,2 --out ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from autotune import _measure, _replayset  # noqa: E402
+from autotune._probe import probe, python_for  # noqa: E402
+from autotune._signals import graceful_stop  # noqa: E402
+from autotune._space import SearchSpace, canonical  # noqa: E402
+from autotune._spec import load_spec  # noqa: E402
+from autotune._study import split_requests  # noqa: E402
+from autotune._trial import TrialFailed, measure  # noqa: E402
+
+# server-log lines worth keeping beside a row: how the drafter and the graphs were set up
+LOG_PATTERNS = re.compile(r"cuda ?graph|cudagraph|eager|falling back|fall back|drafter|draft model|draft_model|"
+                          r"async scheduling|model runner|torch\.compile|compil|Capturing|speculative",
+                          re.IGNORECASE)
+
+
+def done_keys(paths: list[Path], workload: str) -> set[str]:
+    keys = set()
+    for p in paths:
+        if not p.exists():
+            continue
+        for line in p.read_text().splitlines():
+            if not line.strip():
+                continue
+            r = json.loads(line)
+            # the no-speculation baseline does not depend on the synthetic acceptance: shared by workloads
+            if (r.get("workload") in (workload, "*") or r.get("config_key") == "none") \
+                    and (r.get("ok") or r.get("state") == "COMPLETE") and not r.get("label"):
+                keys.add(r["config_key"])
+    return keys
+
+
+def log_lines(path: Path, limit: int = 60) -> list[str]:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    return [ln[-300:] for ln in lines if LOG_PATTERNS.search(ln)][:limit]
+
+
+def main(argv=None) -> int:
+    with graceful_stop():
+        return _main(argv)
+
+
+def _main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("spec")
+    ap.add_argument("--configs", help="JSON list of speculative configs (null = no speculation)")
+    ap.add_argument("--grid", nargs="*", help="METHOD:K,K,... (and 'none') from the spec's space")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--done", nargs="*", default=[], help="JSONL files of configurations already measured")
+    ap.add_argument("--label", default="", help="experiment label (rows with a label never count as grid points)")
+    ap.add_argument("--log-dir", default="/tmp/h200/logs/points")
+    ap.add_argument("--home", default="/tmp/h200/home")
+    ap.add_argument("--deadline-s", type=float, default=None, help="start no new server after this many seconds")
+    args = ap.parse_args(argv)
+
+    t_start = time.monotonic()
+    spec = load_spec(args.spec)
+    command = list(spec.engine.command)
+    caps = probe(python_for(command, spec.engine.python), spec.engine.env, cache_dir=Path(args.home) / "cache")
+    space = SearchSpace.build(spec.space, caps)
+    configs: list[dict | None] = json.loads(args.configs) if args.configs else []
+    for item in args.grid or []:
+        if item == "none":
+            configs.append(None)
+            continue
+        method, ks = item.split(":")
+        configs += [space.config_from_params(space.params_for(method, int(k))) for k in ks.split(",")]
+    rs = _replayset.load(spec.replay.path)
+    warmup, search, _ = split_requests(spec, rs)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    skip = done_keys([out, *map(Path, args.done)], spec.workload) if not args.label else set()
+    for cfg in configs:
+        key = canonical(cfg)
+        if key in skip:
+            print(f"skip (measured): {key}", flush=True)
+            continue
+        if args.deadline_s is not None and time.monotonic() - t_start > args.deadline_s:
+            print(f"deadline: not starting {key}", flush=True)
+            break
+        log = Path(args.log_dir) / f"{spec.workload}-{args.label or 'grid'}-{int(time.time())}.log"
+        row = {"workload": spec.workload if cfg else "*", "spec_workload": spec.workload, "label": args.label,
+               "config_key": key, "config": cfg, "run_config": spec.run_config(cfg),
+               "benchmark_only": spec.benchmark_only(), "replay_digest": rs.digest, "vllm_version": caps.version,
+               "at": time.time()}
+        t0 = time.monotonic()
+        try:
+            m = measure(spec, cfg, search, warmup, log, command,
+                        extra_args=caps.per_request_metrics_args(cfg is not None))
+            row.update(ok=True, tpot=_measure.summarize(m.tpot_ms, spec.objective.statistic) if m.tpot_ms else None,
+                       tpot_source=m.tpot_source, start_seconds=m.start_seconds, wall_seconds=m.wall_seconds,
+                       levels=m.levels, summary=m.summary, spec_delta=m.spec_delta, argv=m.argv)
+        except TrialFailed as e:
+            row.update(ok=False, error=e.reason)
+        row["log_lines"] = log_lines(log)
+        with out.open("a") as fh:
+            fh.write(json.dumps(row, default=str) + "\n")
+        per_level = {lv: round(d.get("tpot") or 0, 3) for lv, d in (row.get("levels") or {}).items()}
+        print(f"{args.label or 'grid'} {key}: {row.get('tpot') if row.get('ok') else row.get('error')} "
+              f"per level {per_level} ({time.monotonic() - t0:.0f}s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+#!/bin/bash
+# One GPU round of the H200 benchmark: CUDA vLLM 0.25.0, Qwen3-8B-shaped target, Qwen3-0.6B-shaped
+# draft, dummy weights, synthetic acceptance from the study specs' `benchmark` block.
+#
+# Run ON THE GPU MACHINE from the repo root, after the three transfers of ../shared/gpu/README.md
+# (vLLM's pieces, its dependencies) and with .gpu/autotune-deps/*.whl (autotune's own dependencies,
+# see benchmarks/gpu/README.md) sent along once:
+#     . .gpu/setup-device.sh && bash benchmarks/gpu/round.sh STEP [STEP...]
+# Steps, run in order; each writes as it goes under /tmp/h200/results, which a background loop
+# copies to $OUT every few seconds as results.tgz plus round.log, points.jsonl, trials.jsonl/.txt
+# (a command killed at its time limit still returns its rows):
+#   setup                       autotune deps, model folders, replay set, vLLM version, probe
+#   study:WORKLOAD:SECONDS      `autotune study start` on benchmarks/gpu/WORKLOAD.yaml, SIGINT after
+#                               SECONDS (the study resumes on the next call), then trials exported
+#   points:WORKLOAD:LABEL:JSON  measure the speculative configs of JSON (a list) once each
+#   grid:WORKLOAD:SECONDS:ITEMS measure grid points not measured yet (ITEMS: none,ngram=1/2/4,...)
+#   patch / unpatch             drafter CUDA-graph experiment (patch_drafter_cudagraph.py)
+#   sleep:N                     wait (lets the machine finish writing)
+set -u
+T0=$(date +%s)
+R=/tmp/h200
+mkdir -p $R/results $R/home $R/logs
+OUT=${OUT:-$R/out}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD:${PYTHONPATH:-}:/tmp/atsite
+export AUTOTUNE__HOME=$R/home AUTOTUNE__LOCK_DIR=$R/locks VLLM_USE_FLASHINFER_SAMPLER=0
+# the machine returns at most 8 files per command: one tarball of everything plus the key rows
+sync_out() {
+  tar czf "$OUT"/partial.tgz -C $R/results . 2>/dev/null && mv "$OUT"/partial.tgz "$OUT"/results.tgz
+  for f in round.log points.jsonl trials.jsonl trials.txt; do [ -f $R/results/$f ] && cp $R/results/$f "$OUT"/; done
+}
+( while sleep 5; do sync_out; done ) &
+SYNC=$!
+trap 'sync_out; kill $SYNC 2>/dev/null' EXIT
+log() { echo "[round +$(( $(date +%s) - T0 ))s] $*" | tee -a $R/results/round.log; }
+
+export_trials() {
+  python3 benchmarks/gpu/export_study.py sqlite:///$R/autotune.db $R/results/trials.jsonl > $R/results/trials.txt 2>&1
+  cp $R/autotune.db $R/results/autotune.db 2>/dev/null
+  mkdir -p $R/results/recommendations && cp $R/recommendations/*.json $R/results/recommendations/ 2>/dev/null
+  # each trial's server log: the lines on CUDA graphs, compile, drafter, fallbacks, errors; whole logs gzipped
+  mkdir -p $R/results/logs
+  for f in $(find $R/home/logs $R/logs -name '*.log' 2>/dev/null); do
+    n=$(echo "$f" | sed "s#$R/##; s#/#_#g")
+    grep -iE 'cuda ?graph|cudagraph|eager|fall(ing)? ?back|draft|async sched|model runner|compil|Capturing|speculative|error|warning' "$f" | cut -c1-400 | head -200 > $R/results/logs/$n.grep
+    gzip -c "$f" > $R/results/logs/$n.gz
+  done
+}
+
+for step in "$@"; do
+  IFS=: read -r what a b c <<< "$step"
+  log "step $step"
+  case $what in
+    setup)
+      if [ ! -f /tmp/atsite/.ok ]; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/atsite .gpu/autotune-deps/*.whl 2>&1 | tail -2
+        touch /tmp/atsite/.ok
+      fi
+      [ -d /tmp/models/qwen3-8b ] || python3 .gpu/make_models.py /tmp/models | tail -2
+      [ -f $R/replay.jsonl ] || python3 benchmarks/gpu/make_replay.py $R/replay.jsonl --n 200
+      { vllm --version; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; } > $R/results/setup.txt 2>&1
+      AUTOTUNE__STUDIES_DIR=benchmarks/gpu python3 -m autotune probe --workload code-h200 > $R/results/probe.txt 2>&1
+      python3 -c "import optuna, sqlalchemy, vllm; print('optuna', optuna.__version__, 'vllm', vllm.__version__)" >> $R/results/setup.txt 2>&1
+      cat $R/results/setup.txt; tail -5 $R/results/probe.txt ;;
+    study)
+      timeout -s INT "$b" python3 -m autotune -v study start --workload "$a" --spec benchmarks/gpu/"$a".yaml \
+        > >(tee -a $R/results/study-"$a".out) 2>&1
+      log "study $a exit $?"
+      export_trials; tail -20 $R/results/trials.txt ;;
+    points)
+      python3 benchmarks/gpu/measure_points.py benchmarks/gpu/"$a".yaml --label "$b" --configs "$c" \
+        --out $R/results/points.jsonl --log-dir $R/logs 2>&1 | tee -a $R/results/points.out
+      export_trials ;;
+    grid)
+      python3 benchmarks/gpu/measure_points.py benchmarks/gpu/"$a".yaml --deadline-s "$b" \
+        --grid $(echo "$c" | tr ',' ' ' | tr '=' ':' | tr '/' ',') --out $R/results/points.jsonl \
+        --done $R/results/trials.jsonl --log-dir $R/logs 2>&1 | tee -a $R/results/points.out
+      export_trials ;;
+    patch)   python3 benchmarks/gpu/patch_drafter_cudagraph.py /tmp/site/vllm | tee -a $R/results/round.log ;;
+    unpatch) python3 benchmarks/gpu/patch_drafter_cudagraph.py /tmp/site/vllm --revert | tee -a $R/results/round.log ;;
+    sleep)   sleep "$a" ;;
+    *) log "unknown step $step" ;;
+  esac
+done
+log "done"

@@ -1,0 +1,101 @@
+"""Tables of the H200 results: every measured configuration per workload with its TPOT at each
+concurrency level, the grid's best per level and what the study recommended.
+
+Reads the exported study trials and the measured points (benchmarks/gpu/round.sh returns them);
+the no-speculation baseline does not depend on the synthetic acceptance, so it counts for both
+workloads. Rows with a label (experiments, e.g. the patched drafter) are listed apart.
+
+    python benchmarks/gpu/summarize.py benchmarks/results/h200-trials-2026-11-30.jsonl \
+        benchmarks/results/h200-points-2026-11-30.jsonl \
+        --recommendations benchmarks/results/h200-recommendation-*.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def label(cfg: dict | None) -> str:
+    if not cfg:
+        return "none"
+    s = f"{cfg['method']} K={cfg['num_speculative_tokens']}"
+    if cfg.get("num_speculative_tokens_per_batch_size"):
+        s += " bands " + ",".join(f"{a}-{b}:{k}" for a, b, k in cfg["num_speculative_tokens_per_batch_size"])
+    return s
+
+
+def rows_of(paths: list[str]) -> list[dict]:
+    out = []
+    for p in paths:
+        for line in Path(p).read_text().splitlines():
+            if not line.strip():
+                continue
+            r = json.loads(line)
+            ok = r.get("state") == "COMPLETE" or r.get("ok")
+            if not ok or not r.get("levels"):
+                continue
+            wl = r.get("workload") if r.get("workload") not in (None, "*") else r.get("spec_workload")
+            out.append({"workload": wl, "label": r.get("label") or "", "config": r.get("config"),
+                        "key": r.get("config_key"), "source": "study" if "study" in r else "point",
+                        "start_s": r.get("start_seconds"),
+                        "levels": {int(k): {"tpot": v["tpot"],
+                                            "al": (v.get("spec_delta") or {}).get("acceptance_length"),
+                                            "tok_s": v["summary"].get("output_throughput_tok_s")}
+                                   for k, v in r["levels"].items()}})
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("files", nargs="+")
+    ap.add_argument("--recommendations", nargs="*", default=[])
+    args = ap.parse_args(argv)
+    rows = rows_of(args.files)
+    recs = {json.loads(Path(p).read_text())["workload"]: json.loads(Path(p).read_text()) for p in args.recommendations}
+    workloads = sorted({r["workload"] for r in rows if not r["label"]})
+    for wl in workloads:
+        grid = [r for r in rows if not r["label"] and (r["workload"] == wl or r["key"] == "none")]
+        seen, uniq = set(), []
+        for r in sorted(grid, key=lambda r: r["workload"] != wl):  # this workload's own measurement first
+            if r["key"] in seen:
+                continue
+            seen.add(r["key"])
+            uniq.append(r)
+        levels = sorted({lv for r in uniq for lv in r["levels"]})
+        base = next((r for r in uniq if r["key"] == "none"), None)
+        print(f"\n### {wl}\n")
+        print("| config | source | start s | " + " | ".join(f"TPOT c={lv} ms (AL, tok/s)" for lv in levels) + " |")
+        print("|---|---|---|" + "---|" * len(levels))
+        for r in sorted(uniq, key=lambda r: label(r["config"])):
+            cells = []
+            for lv in levels:
+                d = r["levels"].get(lv)
+                al = f"{d['al']:.2f}" if d and d["al"] else "-"
+                cells.append(f"{d['tpot']:.2f} ({al}, {d['tok_s']:.0f})" if d else "-")
+            print(f"| {label(r['config'])} | {r['source']} | {r['start_s']:.0f} | " + " | ".join(cells) + " |")
+        rec = recs.get(wl)
+        rec_key = json.dumps(rec["speculative_config"], sort_keys=True) if rec and rec["speculative_config"] else "none"
+        rec_row = next((r for r in uniq if r["key"] == rec_key), None)
+        for lv in levels:
+            best = min((r for r in uniq if lv in r["levels"]), key=lambda r: r["levels"][lv]["tpot"])
+            b = base["levels"][lv]["tpot"] if base else float("nan")
+            line = f"c={lv}: measured best {label(best['config'])} {best['levels'][lv]['tpot']:.2f} ms ({b / best['levels'][lv]['tpot']:.2f}x vs none)"
+            if rec_row:
+                t = rec_row["levels"][lv]["tpot"]
+                line += (f"; recommended ({rec['decision']}) {label(rec_row['config'])} {t:.2f} ms "
+                         f"({b / t:.2f}x vs none, {t / best['levels'][lv]['tpot'] - 1:+.1%} vs measured best)")
+            print(line)
+        print(f"configurations measured: {len(uniq)}")
+    exp = [r for r in rows if r["label"]]
+    if exp:
+        print("\n### experiments\n")
+        for r in exp:
+            print(f"{r['label']} ({r['workload']}): {label(r['config'])} start {r['start_s']:.0f} s, "
+                  + ", ".join(f"c={lv} {d['tpot']:.2f} ms AL {d['al'] or 0:.2f}" for lv, d in sorted(r["levels"].items())))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,209 @@
+"""Fidelity gate: the incumbent's replay against production's figures (saved real expositions)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from autotune import _gate, _metrics
+from autotune import _telemetry as tel
+from autotune._spec import FidelityTolerances, ProductionSpec
+
+DATA = Path(__file__).parent / "data" / "telemetry"
+TOL = FidelityTolerances().model_dump()
+
+
+def window(before: str, after: str) -> tuple[tel.Exposition, tel.Exposition]:
+    return tel.parse((DATA / before).read_text()), tel.parse((DATA / after).read_text())
+
+
+def measurement(before: str, after: str, requests: str) -> dict:
+    """A trial's measurement as the study keeps it, made from a real window of one server."""
+    b, a = window(before, after)
+    req = json.loads((DATA / requests).read_text())
+    return {"spec_delta": _metrics.delta(b.snapshot, a.snapshot).to_dict(), "tpot_ms": req["tpot_ms"],
+            "summary": {"ok": req["ok"], "failed": 0}}
+
+
+@pytest.fixture(scope="module")
+def prod() -> dict:
+    return tel.derive(*window("before.prom", "after_code.prom"))
+
+
+def test_replay_of_the_same_window_matches_production(prod):
+    p = _gate.production_figures(prod)
+    r = _gate.replay_figures(measurement("before.prom", "after_code.prom", "code_requests.json"),
+                             prod["tpot_ms"]["bounds_ms"])
+    for fig in ("acceptance_length", "coverage", "tokens_per_step", "deployed_k"):
+        assert r[fig] == pytest.approx(p[fig]), fig
+    res = _gate.compare(p, r, {**TOL, "tpot_p50": 0.5, "tpot_p90": 0.5})
+    assert res["passed"], res["off"]
+
+
+def test_replay_of_other_traffic_fails_naming_the_figure_and_by_how_much(prod):
+    p = _gate.production_figures(prod)
+    r = _gate.replay_figures(measurement("after_code.prom", "after_chat.prom", "chat_requests.json"),
+                             prod["tpot_ms"]["bounds_ms"])
+    res = _gate.compare(p, r, TOL)
+    assert not res["passed"]
+    al = next(o for o in res["off"] if o.startswith("acceptance_length off"))
+    c = next(c for c in res["checks"] if c["figure"] == "acceptance_length")
+    assert f"{c['relative']:+.0%}" in al and "tolerance ±10%" in al
+    assert f"production {p['acceptance_length']:.2f}" in al
+
+
+def test_compare_kinds_and_missing_figures():
+    p = {"acceptance_length": 3.0, "coverage": 0.50, "tokens_per_step": 2.0, "tpot_p50": 20.0, "tpot_p90": 30.0,
+         "tpot_mean": 21.0, "itl_mean": 50.0, "deployed_k": 4}
+    r = {**p, "coverage": 0.58, "tpot_p50": 24.0, "itl_mean": None}
+    res = _gate.compare(p, r, TOL)
+    assert res["passed"] and res["skipped"] == ["itl_mean"]
+    res = _gate.compare(p, {**r, "coverage": 0.65, "tpot_p90": 50.0}, TOL)
+    assert not res["passed"]
+    assert any(o.startswith("coverage off: replay 0.65 vs production 0.50 (+0.15, tolerance ±0.10)") for o in res["off"])
+    assert any(o.startswith("tpot_p90 off: replay 50.00 ms vs production 30.00 ms (+67%") for o in res["off"])
+    res = _gate.compare(p, {**p, "deployed_k": 2}, TOL)
+    assert not res["passed"] and res["off"][0].startswith("deployed K: production drafts 4 positions")
+    # a figure whose tolerance is null is not compared
+    res = _gate.compare(p, {**p, "tpot_p50": 99.0}, {**TOL, "tpot_p50": None})
+    assert res["passed"]
+
+
+def _study(tmp_path, prod_file, incumbent, trials):
+    spec = SimpleNamespace(production=ProductionSpec(telemetry=str(prod_file)), incumbent=incumbent,
+                           replay=SimpleNamespace(concurrency=4))
+
+    def trials_of(config_key=None, **_):
+        return [t for t in trials if t.user_attrs["config_key"] == config_key]
+
+    return SimpleNamespace(spec=spec, trials=trials_of)
+
+
+def test_check_study_gates_on_the_incumbent_trial(tmp_path):
+    b = tel.bundle((DATA / "before.prom").read_text(), (DATA / "after_code.prom").read_text(), source="prod")
+    f = tel.save(tmp_path / "prod.json", b)
+    inc = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+    from autotune._space import canonical
+
+    good = SimpleNamespace(number=1, user_attrs={"config_key": canonical(inc), "role": "search",
+                                                 "measurement": measurement("before.prom", "after_code.prom",
+                                                                            "code_requests.json")})
+    st = _study(tmp_path, f, inc, [good])
+    st.spec.production = ProductionSpec(telemetry=str(f), tolerances={"tpot_p50": 0.5, "tpot_p90": 0.5})
+    block = _gate.check_study(st)
+    assert block["checked"] and block["passed"] and block["replay"]["trial"] == 1
+    assert any("replay reproduces production" in line for line in _gate.lines(block))
+    bad = SimpleNamespace(number=1, user_attrs={"config_key": canonical(inc), "role": "search",
+                                                "measurement": measurement("after_code.prom", "after_chat.prom",
+                                                                           "chat_requests.json")})
+    with pytest.raises(_gate.FidelityFailed) as e:
+        _gate.check_study(_study(tmp_path, f, inc, [bad]))
+    assert "acceptance_length off" in str(e.value)
+    assert any("OFF" in line for line in _gate.lines(e.value.result))
+    with pytest.raises(_gate.FidelityFailed, match="was not replayed"):
+        _gate.check_study(_study(tmp_path, f, inc, []))
+
+
+def test_percentiles_inside_the_first_bucket_are_marked_unresolved(prod):
+    """On this CPU the TPOT is under vLLM's first bucket (10 ms): p50/p90 read 5 and 9 ms on both
+    sides whatever the values; the check says so, and the exact mean is compared as well."""
+    p = _gate.production_figures(prod)
+    r = _gate.replay_figures(measurement("before.prom", "after_code.prom", "code_requests.json"),
+                             prod["tpot_ms"]["bounds_ms"])
+    res = _gate.compare(p, r, TOL)
+    c = {c["figure"]: c for c in res["checks"]}
+    assert c["tpot_p50"]["bucket_limited"].startswith("both in the histogram's first bucket (0-10 ms)")
+    assert "bucket_limited" not in c["tpot_mean"]
+
+
+def _fake_study(tmp_path, monkeypatch, incumbent_window: tuple[str, str, str]):
+    """A real Study (Optuna storage) whose trials return measurements made from the saved real
+    windows: the incumbent gets ``incumbent_window``, everything else the code window."""
+    import yaml
+
+    from autotune import _replayset, _study
+    from autotune._probe import Capabilities
+    from autotune._space import SearchSpace
+    from autotune._spec import StudySpec
+    from autotune._trial import Measurement
+
+    reqs = [_replayset.ReplayRequest(id=f"r{i}", endpoint="completions",
+                                     body={"prompt": f"p{i}", "max_tokens": 64, "temperature": 0}) for i in range(72)]
+    path = _replayset.save(tmp_path / "replay.jsonl", reqs)
+    prod = tel.save(tmp_path / "prod.json", tel.bundle((DATA / "before.prom").read_text(),
+                                                       (DATA / "after_code.prom").read_text(), source="prod"))
+    inc = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    data = {"workload": "syn", "model": "m", "replay": {"path": str(path), "concurrency": 4, "warmup": 4, "requests": 32},
+            "space": {"methods": ["ngram"], "k": {"min": 1, "max": 4},
+                      "ngram": {"prompt_lookup_min": [2], "prompt_lookup_max": [4]}},
+            "budget": {"max_trials": 3, "max_server_starts": 3}, "objective": {"confirm_starts": 0, "search": "grid"},
+            "incumbent": inc, "production": {"telemetry": str(prod), "tolerances": {"tpot_p50": 0.5, "tpot_p90": 0.5,
+                                                                                    "tpot_mean": 0.5}},
+            "storage": f"sqlite:///{tmp_path / 'study.db'}", "recommendations_dir": str(tmp_path / "rec")}
+    (tmp_path / "syn.yaml").write_text(yaml.safe_dump(data))
+    spec = StudySpec.model_validate(data)
+    calls = []
+
+    def measure(spec, config, requests, warmup, log_path, command, on_server=None, extra_args=None, pid_dir=None):
+        calls.append(config)
+        win = incumbent_window if config == inc else ("before.prom", "after_code.prom", "code_requests.json")
+        m = measurement(*win)
+        if config is None:  # the baseline: no speculation
+            m["spec_delta"] = {**m["spec_delta"], "drafts": 0.0, "accepted_tokens": 0.0, "accepted_per_position": []}
+        return Measurement(config=config, argv=["vllm", "serve"], log_path=str(log_path), start_seconds=1.0,
+                           wall_seconds=2.0, summary={**m["summary"], "n": 64, "output_throughput_tok_s": 1000.0},
+                           spec_delta=m["spec_delta"], tpot_ms=m["tpot_ms"], client_tpot_ms=m["tpot_ms"],
+                           tpot_source="server", outputs={r.id: "x" for r in requests}, tags=[None] * len(m["tpot_ms"]))
+
+    monkeypatch.setattr(_study, "measure", measure)
+    caps = Capabilities(version="0.32.0", methods=["ngram"], fields=["method", "num_speculative_tokens",
+                                                                     "prompt_lookup_min", "prompt_lookup_max"],
+                        arctic_inference=False)
+    return _study.Study(spec, caps, SearchSpace.build(spec.space, caps), spec.storage, ["vllm", "serve"],
+                        tmp_path / "home"), calls
+
+
+def test_study_stops_before_the_search_when_the_incumbent_replay_is_off(tmp_path, monkeypatch):
+    st, calls = _fake_study(tmp_path, monkeypatch, ("after_code.prom", "after_chat.prom", "chat_requests.json"))
+    with pytest.raises(_gate.FidelityFailed) as e:
+        st.run()
+    assert len(calls) == 2  # the baseline and the incumbent: no server start spent on the search
+    assert e.value.result["off"] and e.value.result["off"][0].startswith("acceptance_length off: replay 1.00 vs production 5.00")
+
+
+def test_study_goes_on_when_the_incumbent_replay_matches(tmp_path, monkeypatch):
+    st, calls = _fake_study(tmp_path, monkeypatch, ("before.prom", "after_code.prom", "code_requests.json"))
+    st.run()
+    assert st.fidelity["passed"] and len(calls) == 3
+
+
+from test_preflight import _start, _write, setup  # noqa: E402,F401  (a spec on a fake engine)
+
+
+def test_unreadable_production_telemetry_fails_before_any_server_start(setup):  # noqa: F811
+    setup["data"]["production"] = {"telemetry": "./prod.json"}
+    (setup["dir"] / "prod.json").write_text("not json")
+    r = _start(setup, _write(setup))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "prod.json: not a telemetry bundle" in r.stderr
+    assert not setup["marker"].exists()
+
+
+def test_recommendation_trust_fields_from_the_gated_study(tmp_path, monkeypatch):
+    from autotune import _drift
+
+    st, _ = _fake_study(tmp_path, monkeypatch, ("before.prom", "after_code.prom", "code_requests.json"))
+    st.run()
+    inc = st.spec.incumbent
+    b = _drift.trust_blocks(st, {"speculative_config": inc}, st.fidelity)
+    p = b["predicted"]
+    assert p["deployed_k"] == 4 and p["acceptance_length"] == pytest.approx(5.0)
+    assert p["tokens_per_step"] == pytest.approx(st.fidelity["production"]["tokens_per_step"])
+    lo, hi = b["canary"]["acceptance_length"]
+    assert lo == pytest.approx(4.5) and hi == pytest.approx(5.5)
+    assert b["engine"]["vllm_version"] == "0.32.0" and len(b["engine"]["sha256"]) == 16
+    assert b["traffic"]["requests"] == 72 and b["traffic"]["tag_shares"] == {"None": 1.0}
+    assert {k["figure"] for k in b["kill_criteria"]} >= {"acceptance_length", "failed_requests", "preemptions"}
