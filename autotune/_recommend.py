@@ -101,6 +101,44 @@ def decide(study) -> Decision:
                     study.spec.incumbent if incumbent_key != NONE else None, d.evidence)
 
 
+def damp(d: Decision, study, previous: dict | None, now: dt.datetime | None = None) -> Decision:
+    """Hold back a new config within ``drift.min_days_between_changes`` of the last recommendation.
+
+    Nightly retuning on noisy traffic would otherwise flip between near-equal configs and make
+    SREs redeploy for nothing. Not damped: a first recommendation, an older one, a ``disable``
+    (the deployed speculation loses to none: never wait on that), a change of vLLM version, and
+    an incumbent whose acceptance fell below ``drift.min_acceptance_rate`` (the traffic moved).
+    """
+    from ._history import fmt_config, incumbent_acceptance
+
+    days = study.spec.drift.min_days_between_changes
+    if not days or previous is None or d.decision == "disable":
+        return d
+    prev_cfg = previous.get("speculative_config")
+    if canonical(prev_cfg) == canonical(d.winner):
+        return d
+    now = now or dt.datetime.now(dt.timezone.utc)
+    try:
+        made = dt.datetime.fromisoformat(previous["created_at"])
+    except (KeyError, TypeError, ValueError):
+        return d
+    age_days = (now - made).total_seconds() / 86400.0
+    if age_days >= days:
+        return d
+    prev_version = (previous.get("engine") or {}).get("vllm_version") or (previous.get("valid_for") or {}).get("vllm_version")
+    if prev_version and prev_version != study.caps.version:
+        return d
+    acc = incumbent_acceptance(study, study.spec.incumbent)
+    if acc["rate"] is not None and acc["rate"] < study.spec.drift.min_acceptance_rate:
+        return d
+    d.evidence["damped"] = {"held_back_winner": d.winner, "held_back_decision": d.decision,
+                            "previous_id": previous.get("id"), "previous_created_at": previous.get("created_at"),
+                            "age_days": round(age_days, 2), "min_days_between_changes": days}
+    why = (f"damped: the last recommendation ({fmt_config(prev_cfg)}, {age_days:.1f} days old) stands for "
+           f"{days:g} days unless the traffic drifts or vLLM changes; held back: {d.reason}")
+    return Decision("keep", why, prev_cfg, d.evidence)
+
+
 def _decide(study) -> Decision:
     """Compare the best feasible candidate with the baseline, on every start of each."""
     spec = study.spec

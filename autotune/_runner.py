@@ -258,7 +258,7 @@ def _locked(req: RunRequest, spec, settings: Settings, echo: Echo, on_event, loc
             _finish(store, run_id, st, "ok", EXIT_OK)
             echo(f"worker done: {outcome.stopped_because}; {outcome.server_starts} server starts in the study")
             return EXIT_OK
-        decision = _recommend.decide(st)
+        decision = _recommend.damp(_recommend.decide(st), st, previous)
         payload = _recommend.build(st, decision, outcome)
         payload["drift"] = _history.drift_block(st, payload, previous, spec.drift.min_acceptance_rate)
         payload["fidelity"] = getattr(st, "fidelity", None) or _gate.not_checked(

@@ -291,6 +291,11 @@ class DriftSpec(_Model):
                                         "length p50 or p90 that calls for a retune")
     skip_unless_drift: bool = Field(default=False, description="daemon: run the nightly study only when "
                                     "`autotune drift check` finds a reason to retune")
+    min_days_between_changes: float = Field(default=0.0, ge=0, description="damping: within this many days "
+                                            "of the last recommendation a different config is held back (the "
+                                            "previous one stays) unless the incumbent's acceptance fell below "
+                                            "min_acceptance_rate, vLLM's version changed or the incumbent lost "
+                                            "to no speculation; 0 = off")
 
 
 class FidelityTolerances(_Model):

@@ -316,3 +316,40 @@ def test_a_replay_set_that_cannot_measure_acceptance_holds_a_winner_back(spec, t
     assert d.evidence["held_back_winner"] == NGRAM
     manifest_path(rs_path).write_text(json.dumps({"acceptance_measurable": True, "synthetic_requests": 0}))
     assert decide(st).decision == "change"
+
+
+def _damping_study(spec, days: float, version: str = "0.32.0", incumbent_rate: float | None = None):
+    from types import SimpleNamespace
+
+    from autotune import _recommend
+
+    s = spec.model_copy(update={"drift": spec.drift.model_copy(update={"min_days_between_changes": days})})
+    trials = [*_baseline(s),
+              _trial(NGRAM, _tpot(10.0), throughput=290.0, guards=s.guards),
+              _trial(NGRAM, _tpot(10.0, 0.05), role="confirm", throughput=300.0, guards=s.guards)]
+    st = FakeStudy(s, trials)
+    st.caps = SimpleNamespace(version=version)
+    d = decide(st)
+    assert d.decision == "change" and d.winner == NGRAM
+    return st, d, _recommend.damp
+
+
+def test_damping_holds_a_new_config_back_within_the_window(spec):
+    import datetime as dt
+
+    now = dt.datetime(2026, 11, 30, 3, 0, tzinfo=dt.timezone.utc)
+    prev = {"id": "r1", "speculative_config": SUFFIX, "decision": "change",
+            "created_at": (now - dt.timedelta(days=1)).isoformat(), "engine": {"vllm_version": "0.32.0"}}
+    st, d, damp = _damping_study(spec, days=3)
+    held = damp(d, st, prev, now=now)
+    assert held.decision == "keep" and held.winner == SUFFIX  # the previous recommendation stands
+    assert held.reason.startswith("damped: the last recommendation (suffix") and "1.0 days old" in held.reason
+    assert held.evidence["damped"]["held_back_winner"] == NGRAM and held.evidence["damped"]["previous_id"] == "r1"
+
+    # not damped: older than the window, vLLM changed, damping off, no previous, same config
+    for p, days, version in [({**prev, "created_at": (now - dt.timedelta(days=4)).isoformat()}, 3, "0.32.0"),
+                             (prev, 3, "0.33.0"), (prev, 0, "0.32.0"), (None, 3, "0.32.0"),
+                             ({**prev, "speculative_config": NGRAM}, 3, "0.32.0")]:
+        st, d, damp = _damping_study(spec, days=days, version=version)
+        out = damp(d, st, p, now=now)
+        assert out.decision == "change" and out.winner == NGRAM and "damped" not in out.evidence
