@@ -13,11 +13,14 @@ not additive and nothing here needs them.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "Snapshot",
@@ -86,15 +89,31 @@ def parse_exposition(text: str) -> Snapshot:
 
 
 async def scrape(client: httpx.AsyncClient | None, base_url: str, timeout_s: float = 10.0) -> Snapshot:
-    """GET {base_url}/metrics and parse it; raises httpx errors (a failed scrape is not data)."""
+    """GET {base_url}/metrics and parse it; raises httpx errors (a failed scrape is not data).
+
+    The scrape after a replay reuses the connection of the scrape before it, idle for the whole
+    replay; vLLM's HTTP server (uvicorn) closes idle keep-alive connections after 5 s, and when
+    that close crosses the reuse the request fails without a response. That one case is retried
+    once on a fresh connection; a server that is really gone fails the retry too.
+    """
     url = base_url.rstrip("/") + "/metrics"
-    if client is None:
-        async with httpx.AsyncClient(trust_env=False, timeout=timeout_s) as own:
-            resp = await own.get(url)
-    else:
-        resp = await client.get(url, timeout=timeout_s)
+    try:
+        resp = await _get(client, url, timeout_s)
+    except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as e:
+        if client is None:
+            raise
+        log.info("/metrics scrape on a kept-alive connection failed (%s: %s); retrying on a fresh one",
+                 type(e).__name__, e)
+        resp = await _get(None, url, timeout_s)
     resp.raise_for_status()
     return parse_exposition(resp.text)
+
+
+async def _get(client: httpx.AsyncClient | None, url: str, timeout_s: float) -> httpx.Response:
+    if client is None:
+        async with httpx.AsyncClient(trust_env=False, timeout=timeout_s) as own:
+            return await own.get(url)
+    return await client.get(url, timeout=timeout_s)
 
 
 @dataclass(frozen=True)

@@ -186,3 +186,23 @@ def test_scrape_error_raises():
         bad = m.base_url + "/nope"
         with pytest.raises(httpx.HTTPStatusError):
             asyncio.run(scrape(None, bad))
+
+
+def test_scrape_retries_once_when_a_kept_alive_connection_was_closed():
+    """The server closed the idle connection as the client reused it: one retry on a fresh one."""
+    text = (DATA / "metrics_ngram.txt").read_text()
+
+    class Stale:
+        calls = 0
+
+        async def get(self, url, timeout=None):
+            Stale.calls += 1
+            raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
+
+    with MockServer(metrics_text=text) as m:
+        snap = asyncio.run(scrape(Stale(), m.base_url))
+        assert Stale.calls == 1 and snap.per_position == {0: 6.0, 1: 6.0, 2: 6.0, 3: 6.0}
+    # a server that is gone fails the retry too: the error surfaces (the trial names the death)
+    with pytest.raises(httpx.ConnectError):
+        asyncio.run(scrape(Stale(), m.base_url))
+    assert Stale.calls == 2
