@@ -68,9 +68,15 @@ class Snapshot:
 
 def parse_exposition(text: str) -> Snapshot:
     """Parse a Prometheus text exposition into a Snapshot (see module docstring)."""
+    return snapshot_of(text_string_to_metric_families(text))
+
+
+def snapshot_of(families) -> Snapshot:
+    """A Snapshot of already parsed metric families (a caller that also reads the buckets
+    parses the text once)."""
     values: dict[str, float] = {}
     per_pos: dict[int, float] = {}
-    for family in text_string_to_metric_families(text):
+    for family in families:
         for s in family.samples:
             name = s.name
             if name.endswith("_created") or name.endswith("_bucket"):

@@ -121,7 +121,7 @@ def check_replay(spec: StudySpec):
 
     rs = _replayset.load(spec.replay.path)
     warmup, search, _ = split_requests(spec, rs)
-    mode = getattr(spec.replay, "mode", "closed")
+    mode = spec.replay.mode
     if mode == "open":  # every request is sent at its recorded time
         lines = {r.id: i for i, r in enumerate(rs.requests, 1)}
         missing = [r.id for r in rs.requests if r.ts is None]

@@ -70,8 +70,8 @@ def parse(text: str) -> Exposition:
     from prometheus_client.parser import text_string_to_metric_families
 
     try:
-        snap = _metrics.parse_exposition(text)
         families = list(text_string_to_metric_families(text))
+        snap = _metrics.snapshot_of(families)
     except Exception as e:  # the parser raises ValueError/TypeError/IndexError on garbage
         raise TelemetryError(f"not a Prometheus text exposition ({type(e).__name__}: {e})") from None
     buckets: dict[str, dict[float, float]] = {}

@@ -155,7 +155,7 @@ async def _replay_with_scrape(base_url, model, requests, warmup, spec):
     """
     import httpx
 
-    mode = getattr(spec.replay, "mode", "closed")
+    mode = spec.replay.mode
     async with httpx.AsyncClient(trust_env=False, timeout=30) as client:
         if mode == "open":
             before = await _metrics.scrape(client, base_url)
