@@ -193,6 +193,8 @@ def recommend_show(workload, as_json) -> None:
         click.echo(f"  speedup {ev['speedup']:.2f}x, {int(ev['confidence'] * 100)}% CI "
                    f"{ev['speedup_ci'][0]:.2f}-{ev['speedup_ci'][1]:.2f}; baseline {ev['baseline']['tpot_ms']:.2f} ms"
                    f" vs {ev['winner']['tpot_ms']:.2f} ms {ev['statistic']} TPOT")
+    for line in _per_level_lines(rec.get("per_level")):
+        click.echo(f"  {line}")
     click.echo(f"  study {rec['study']['name']}: {rec['study']['server_starts']} server starts, "
                f"created {rec['created_at']}, expires {rec['expires_at']}")
     for note in (rec.get("drift") or {}).get("notes") or []:
@@ -201,6 +203,25 @@ def recommend_show(workload, as_json) -> None:
 
     for line in show_trust_lines(rec):
         click.echo(f"  {line}")
+
+
+def _per_level_lines(per_level: dict | None) -> list[str]:
+    """One line per concurrency level of a profile study, then the advice."""
+    from ._predict import label
+
+    if not per_level:
+        return []
+    out = []
+    for L, row in per_level["levels"].items():
+        rec, best = row.get("recommended") or {}, row["best"]
+        weight = f" (weight {row['weight']:.2f})" if row.get("weight") is not None else ""
+        line = f"c={L}{weight}: none {row['baseline_tpot_ms']:.2f} ms"
+        if rec.get("config_key") not in (None, "none"):
+            line += f", recommended {rec['tpot_ms']:.2f} ms ({rec['speedup']:.2f}x)"
+        if best["config_key"] not in ("none", rec.get("config_key")):
+            line += f", best here {label(best['config'])} {best['tpot_ms']:.2f} ms ({best['speedup']:.2f}x)"
+        out.append(line)
+    return out + [f"note: {a}" for a in per_level.get("advice") or []]
 
 
 def _q(arg: str) -> str:

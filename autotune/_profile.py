@@ -2,27 +2,25 @@
 
 A deployment's traffic is not at one concurrency: nights run at 1-2 requests in flight, peaks
 at 16. ``replay.mode: profile`` measures every level of ``replay.levels`` in one server start
-(see ``_replay.run_profile``) and this module turns the per-level measurements into the one
-per-request TPOT list the study decides on, weighted by ``replay.level_weights`` (the share of
-production traffic at each level; equal by default).
+(see ``_replay.run_profile``) and this module combines the per-level measurements, weighted by
+``replay.level_weights`` (the share of production traffic at each level; equal by default).
 
-How the levels are combined: **per-request TPOTs pooled with weights** (a stratified mixture),
-not a weighted mean of per-level statistics. Each level contributes ``round(w_l * N)`` entries
-(largest remainder; ``N`` the requests measured in all levels' steady windows together), drawn
-by systematic resampling of that level's TPOTs sorted ascending (the values at the evenly
-spaced quantile positions ``(i + 0.5) / m_l``), so each entry is a real request's TPOT with its
-workload tag, and each level's distribution keeps its shape at its weight. Why pooling:
+How the levels are combined. **The objective** (a trial's value, the decision's speedup and its
+interval) is the traffic-weighted per-level statistic, ``sum_l w_l * statistic(level l)``
+(``_measure.weighted_statistic``, ``bootstrap_weighted_ratio_ci``): levels far apart (1.9 ms per
+token at one request in flight, 5.3 ms at 32, on an H200) put the median of their mixture
+anywhere in the gap between them, and its bootstrap interval across the gap (0.51-1.26 for a
+config 1.13x faster at one level and 1.53x slower at the other), while each level's own
+statistic is stable.
 
-- the objective statistic (median, p90, trimmed mean) is a statistic of the per-request TPOTs
-  production sees, and production sees the mixture: the median of the mixture is what a
-  deployment's median request experiences, while a weighted mean of per-level medians is no
-  request's experience (only the mean commutes with mixing);
-- the study's machinery works unchanged on one flat list: the objective (``summarize``), the
-  bootstrap confidence interval (by server start, then by request) and the per-tag breakdown
-  (tags stay aligned with the values);
-- ``N`` entries in all, so the bootstrap sees about as many requests as were measured. A level
-  weighted above its share of requests repeats some of its values (and the interval is then a
-  little too narrow for it); one weighted below drops some.
+**The per-request list** (``Measurement.tpot_ms``) is the levels' TPOTs pooled with weights, a
+stratified mixture: each level contributes ``round(w_l * N)`` entries (largest remainder; ``N``
+the requests measured in all levels' steady windows together), drawn by systematic resampling of
+that level's TPOTs sorted ascending (the values at the evenly spaced quantile positions
+``(i + 0.5) / m_l``), so each entry is a real request's TPOT with its workload tag and each
+level's distribution keeps its shape at its weight. It is what production's requests experience
+as a whole, so the per-tag breakdown, the percentiles a recommendation predicts and the canary
+ranges read it.
 
 A level with no measured request (all failed, or no steady window) gets no entries and the
 other levels' weights are renormalized; its entry in ``levels`` says so.
@@ -119,7 +117,7 @@ class ProfileRun:
 
     def summary(self, statistic: str = "median") -> dict:
         """A ReplayRun-shaped summary of all levels (counts, latencies of every in-window
-        request, acceptance), with the weighted objective in ``tpot_ms``, the weighted per-level
+        request, acceptance), with the client-side TPOTs of the weighted mixture in ``tpot_ms``, the weighted per-level
         steady-window throughput in ``output_throughput_tok_s``, a stall when any level
         stalled, and each level's own summary under ``levels``."""
         if statistic not in STATISTICS:

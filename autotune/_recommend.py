@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import _measure
+from ._levels import profile_groups
 from ._space import NONE, canonical
 
 SCHEMA = "autotune.recommendation/1"
@@ -43,6 +44,7 @@ def _groups(trials, use_stalled: bool = False) -> tuple[list[list[float]], int]:
 def _side(trials, statistic: str) -> dict:
     groups, stalled = _groups(trials)
     pooled = [v for g in groups for v in g]
+    profile = profile_groups(trials)
     spec_tot = {"drafts": 0.0, "accepted": 0.0}
     for t in trials:
         d = t.user_attrs["measurement"].get("spec_delta", {})
@@ -50,7 +52,8 @@ def _side(trials, statistic: str) -> dict:
         spec_tot["accepted"] += d.get("accepted_tokens") or 0
     summaries = [t.user_attrs["measurement"]["summary"] for t in trials]
     return {
-        "tpot_ms": _measure.summarize(pooled, statistic) if pooled else None,
+        "tpot_ms": (_measure.weighted_statistic(*profile, statistic) if profile
+                    else _measure.summarize(pooled, statistic) if pooled else None),
         "tpot_ms_percentiles": _measure.percentiles(pooled) if pooled else {},
         "server_starts": len(trials), "stalled_starts": stalled,
         "requests": len(pooled),
@@ -157,8 +160,14 @@ def _decide(study) -> Decision:
     evidence["winner"]["config"] = best.user_attrs["config"]
     b_groups, _ = _groups(baseline)
     w_groups, _ = _groups(wtrials)
-    ci = _measure.bootstrap_ratio_ci(b_groups, w_groups, statistic=statistic,
-                                     confidence=spec.guards.confidence, seed=spec.seed)
+    b_prof, w_prof = profile_groups(baseline), profile_groups(wtrials)
+    if b_prof and w_prof:  # a concurrency profile: the traffic-weighted per-level statistic
+        ci = _measure.bootstrap_weighted_ratio_ci(b_prof[0], w_prof[0], b_prof[1], statistic=statistic,
+                                                  confidence=spec.guards.confidence, seed=spec.seed)
+        evidence["objective"] = "traffic-weighted per-level " + statistic
+    else:
+        ci = _measure.bootstrap_ratio_ci(b_groups, w_groups, statistic=statistic,
+                                         confidence=spec.guards.confidence, seed=spec.seed)
     eq = [t.user_attrs.get("equivalence", {}) for t in wtrials]
     evidence["speedup"] = ci.ratio
     evidence["speedup_ci"] = [ci.low, ci.high]
@@ -244,8 +253,21 @@ def build(study, decision: Decision, outcome) -> dict:
                        **replay_provenance(study.replay_set.path)},
         "created_at": now.isoformat(timespec="seconds"),
         "expires_at": (now + dt.timedelta(days=EXPIRY_DAYS)).isoformat(timespec="seconds"),
+        **_per_level(study, deploy),
         **_warnings(spec),
     }
+
+
+def _per_level(study, deploy: dict | None) -> dict:
+    """``per_level`` for a profile study (see ``_levels``); never costs the recommendation."""
+    from ._levels import level_evidence
+
+    spec = study.spec
+    try:
+        ev = level_evidence(study, canonical(deploy), spec.objective.statistic, spec.guards.confidence, spec.seed)
+    except Exception as e:  # noqa: BLE001 - an auxiliary block; the decision stands without it
+        return {"per_level_error": f"{type(e).__name__}: {e}"}
+    return {"per_level": ev} if ev else {}
 
 
 def _warnings(spec) -> dict:

@@ -298,6 +298,8 @@ def _locked(req: RunRequest, spec, settings: Settings, echo: Echo, on_event, loc
     echo(f"  baseline {b:.2f} ms" + (f", winner {w:.2f} ms" if w else "")
          + (f", speedup {ev['speedup']:.2f}x (CI {ev['speedup_ci'][0]:.2f}-{ev['speedup_ci'][1]:.2f})"
             if "speedup" in ev else ""))
+    for line in (payload.get("per_level") or {}).get("advice") or []:
+        echo(f"  note: {line}")
     for note in payload["drift"]["notes"]:
         echo(f"  drift: {note}")
     for line in _gate.lines(payload["fidelity"]):

@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import _bands, _measure, _replayset
+from . import _bands, _replayset
+from ._levels import measurement_objective
 from ._probe import Capabilities
 from ._space import NONE, SearchSpace, canonical
 from ._spec import StudySpec
@@ -271,7 +272,7 @@ class Study:
     def _record(self, trial, m: Measurement, role: str) -> float:
         g = self.spec.guards
         failed = m.summary.get("failed", 0)
-        value = _measure.summarize(m.tpot_ms, self.spec.objective.statistic) if m.tpot_ms else float("inf")
+        value = measurement_objective(m.levels, m.tpot_ms, self.spec.objective.statistic) if m.tpot_ms else float("inf")
         base_out = self.baseline_outputs() if m.config else m.outputs
         compared = [rid for rid in m.outputs if rid in base_out]
         matched = sum(1 for rid in compared if m.outputs[rid] == base_out[rid])

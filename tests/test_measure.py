@@ -232,3 +232,44 @@ def test_bootstrap_errors():
         bootstrap_ratio_ci([[1.0, 2.0]], [[1.0, 2.0]], statistic="nope")
     with pytest.raises(ValueError):
         bootstrap_ratio_ci([[1.0, 2.0]], [[1.0, 2.0]], confidence=1.5)
+
+
+# --------------------------------------------------------------------------- concurrency profiles
+
+
+def test_weighted_statistic_weights_per_level_statistics():
+    from autotune._measure import weighted_statistic
+
+    levels = {"1": [[1.0, 1.1, 0.9]], "32": [[10.0, 9.0], [11.0]]}
+    assert weighted_statistic(levels, {"1": 0.25, "32": 0.75}, "median") == pytest.approx(0.25 * 1.0 + 0.75 * 10.0)
+    # a level without values or weight drops out and the others are renormalized
+    assert weighted_statistic({**levels, "8": []}, {"1": 1.0, "32": 0.0, "8": 5.0}, "mean") == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="no level"):
+        weighted_statistic({"1": []}, {"1": 1.0}, "median")
+    with pytest.raises(ValueError, match="unknown statistic"):
+        weighted_statistic(levels, {"1": 1.0}, "mode")
+
+
+def test_weighted_ratio_ci_is_tight_where_the_mixture_median_is_not():
+    """Two levels far apart, 50/50: a candidate 2x faster at level 1 and 1.1x slower at level 8.
+    The weighted per-level median ratio has a tight interval around its true value; the median of
+    the pooled mixture sits in the gap between the levels and its interval spans most of it."""
+    from autotune._measure import bootstrap_weighted_ratio_ci
+
+    rng = np.random.default_rng(3)
+    base = {"1": [list(rng.normal(10.0, 0.3, 32))], "8": [list(rng.normal(20.0, 0.6, 32))]}
+    cand = {"1": [list(rng.normal(5.0, 0.15, 32))], "8": [list(rng.normal(22.0, 0.6, 32))]}
+    w = {"1": 0.5, "8": 0.5}
+    ci = bootstrap_weighted_ratio_ci(base, cand, w, "median", seed=1)
+    assert ci.ratio == pytest.approx(15.0 / 13.5, rel=0.02)
+    assert ci.low < ci.ratio < ci.high and ci.high - ci.low < 0.05 and ci.wholly_above(1.0)
+    assert ci.n_a == ci.n_b == 64
+    pooled = bootstrap_ratio_ci([v for g in base.values() for v in g[0]], [v for g in cand.values() for v in g[0]],
+                                "median", seed=1)
+    assert pooled.high - pooled.low > 10 * (ci.high - ci.low)
+    # one level: the same figure as the plain bootstrap
+    one = bootstrap_weighted_ratio_ci({"1": base["1"]}, {"1": cand["1"]}, {"1": 1.0}, "median", seed=1)
+    plain = bootstrap_ratio_ci(base["1"], cand["1"], "median", seed=1)
+    assert one.ratio == pytest.approx(plain.ratio) and one.low == pytest.approx(plain.low, rel=0.02)
+    with pytest.raises(ValueError, match="share no level"):
+        bootstrap_weighted_ratio_ci({"1": base["1"]}, {"8": cand["8"]}, w)

@@ -131,6 +131,19 @@ def test_bands_are_searched_verified_and_confirmed(tmp_path, monkeypatch):
     confirm = study.trials(role="confirm", config_key=best.user_attrs["config_key"])
     assert confirm and confirm[0].user_attrs["config"] == best.user_attrs["config"]
     assert fm.calls[-1] == best.user_attrs["config"] or fm.calls[-2] == best.user_attrs["config"]
+    # the file lists each level: the schedule deployed, its speedup where it speculates
+    from autotune import _recommend
+
+    rec = _recommend.build(study, _recommend.decide(study), outcome)
+    # decided on the traffic-weighted per-level median, whose interval is tight; the median of the
+    # pooled 50/50 mixture fell in the gap between the levels (CI 0.74-4.08: "keep")
+    ev = rec["evidence"]
+    assert rec["decision"] == "change" and ev["objective"] == "traffic-weighted per-level median"
+    assert ev["speedup_ci"][0] > 1.2 and ev["speedup_ci"][1] / ev["speedup_ci"][0] < 1.1, ev["speedup_ci"]
+    levels = rec["per_level"]["levels"]
+    assert set(levels) == {"1", "8"} and levels["1"]["weight"] == levels["8"]["weight"] == 0.5
+    assert all(levels[L]["recommended"]["config"] == best.user_attrs["config"] for L in levels)
+    assert levels["1"]["recommended"]["speedup"] > 1.5
 
 
 def test_bands_not_in_vllm_are_not_searched(tmp_path, monkeypatch):

@@ -47,10 +47,37 @@ def rows_of(paths: list[str]) -> list[dict]:
     return out
 
 
+def objective_table(paths: list[str], workloads: list[str]) -> None:
+    """The study trials decided as autotune decides a profile study (needs autotune importable)."""
+    from autotune._measure import bootstrap_weighted_ratio_ci, weighted_statistic
+
+    trials = [json.loads(line) for p in paths for line in Path(p).read_text().splitlines()
+              if line.strip() and '"study"' in line]
+    for wl in workloads:
+        done = [t for t in trials if t["workload"] == wl and t["state"] == "COMPLETE" and t.get("levels")]
+        base = next((t for t in done if t["config_key"] == "none"), None)
+        if base is None:
+            continue
+        w = {L: d["weight"] for L, d in base["levels"].items()}
+        b = {L: [d["tpot_ms"]] for L, d in base["levels"].items()}
+        print(f"\n### {wl}: traffic-weighted per-level median TPOT\n")
+        print(f"none: {weighted_statistic(b, w, 'median'):.2f} ms")
+        for t in done:
+            if t is base:
+                continue
+            c = {L: [d["tpot_ms"]] for L, d in t["levels"].items() if d.get("tpot_ms")}
+            ci = bootstrap_weighted_ratio_ci(b, c, w, "median", seed=0)
+            print(f"{label(t['config'])}: {weighted_statistic(c, w, 'median'):.2f} ms, speedup {ci.ratio:.2f}x "
+                  f"(95% CI {ci.low:.2f}-{ci.high:.2f}); trial value (median of the mixture) {t['value']:.2f} ms")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="+")
     ap.add_argument("--recommendations", nargs="*", default=[])
+    ap.add_argument("--objective", action="store_true",
+                    help="each study config against the baseline on the traffic-weighted per-level median "
+                         "(autotune's profile objective), with its bootstrap CI")
     args = ap.parse_args(argv)
     rows = rows_of(args.files)
     recs = {json.loads(Path(p).read_text())["workload"]: json.loads(Path(p).read_text()) for p in args.recommendations}
@@ -82,12 +109,14 @@ def main(argv=None) -> int:
             best = min((r for r in uniq if lv in r["levels"]), key=lambda r: r["levels"][lv]["tpot"])
             b = base["levels"][lv]["tpot"] if base else float("nan")
             line = f"c={lv}: measured best {label(best['config'])} {best['levels'][lv]['tpot']:.2f} ms ({b / best['levels'][lv]['tpot']:.2f}x vs none)"
-            if rec_row:
+            if rec_row and rec:
                 t = rec_row["levels"][lv]["tpot"]
                 line += (f"; recommended ({rec['decision']}) {label(rec_row['config'])} {t:.2f} ms "
                          f"({b / t:.2f}x vs none, {t / best['levels'][lv]['tpot'] - 1:+.1%} vs measured best)")
             print(line)
         print(f"configurations measured: {len(uniq)}")
+    if args.objective:
+        objective_table(args.files, workloads)
     exp = [r for r in rows if r["label"]]
     if exp:
         print("\n### experiments\n")

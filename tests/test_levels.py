@@ -1,0 +1,101 @@
+"""Per-level evidence of a profile study, on the trials of the H200 studies as they were stored
+(benchmarks/results/h200-trials-2026-11-30.jsonl) and on constructed trials."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autotune._cli import _per_level_lines
+from autotune._levels import level_evidence
+from autotune._space import NONE, canonical
+from autotune._study import Study
+
+ROOT = Path(__file__).resolve().parent.parent
+H200 = ROOT / "benchmarks" / "results" / "h200-trials-2026-11-30.jsonl"
+NGRAM8 = {"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+CODE_BANDS = {**NGRAM8, "num_speculative_tokens_per_batch_size": [[1, 5, 8], [6, 32, 6]]}
+
+
+class _Study:
+    """What level_evidence reads (.trials(config_key=)), over real FrozenTrials in memory."""
+
+    trials = Study.trials
+
+    def __init__(self, frozen):
+        self.study = optuna.create_study()
+        for t in frozen:
+            self.study.add_trial(t)
+
+
+def _frozen(config, levels: dict, feasible: bool = True, stalled: bool = False):
+    return optuna.trial.create_trial(
+        value=1.0,
+        user_attrs={"config": config, "config_key": canonical(config), "stalled": stalled,
+                    "measurement": {"levels": levels}},
+        constraints={"throughput_floor": -0.1 if feasible else 0.5},
+    )
+
+
+def _h200(workload: str) -> _Study:
+    rows = [json.loads(line) for line in H200.read_text().splitlines()]
+    rows = [r for r in rows if r["workload"] == workload and r["state"] == "COMPLETE"]
+    return _Study([_frozen(r["config"], r["levels"]) for r in rows])
+
+
+def test_h200_chat_keep_says_that_concurrency_1_alone_would_speculate():
+    """chat (alpha 0.35): the weighted study keeps no speculation, as ngram K=8 loses at 32 in
+    flight (10.47 vs 6.84 ms); at 1 in flight it wins (4.65 vs 5.23 ms), which the file must say."""
+    ev = level_evidence(_h200("chat-h200"), NONE, "median", 0.95)
+    one, many = ev["levels"]["1"], ev["levels"]["32"]
+    assert one["weight"] == many["weight"] == 0.5
+    assert one["baseline_tpot_ms"] == pytest.approx(5.23, abs=0.01)
+    assert one["recommended"]["config_key"] == NONE and one["recommended"]["speedup"] == 1.0
+    assert one["best"]["config"] == NGRAM8 and one["best"]["tpot_ms"] == pytest.approx(4.65, abs=0.01)
+    assert one["best"]["speedup"] == pytest.approx(5.23 / 4.65, rel=0.01)
+    assert one["best"]["speedup_ci"][0] > 1.0 and one["best"]["vs_recommended_ci"][0] > 1.0
+    assert many["best"]["config_key"] == NONE  # nothing beats no speculation at 32
+    (advice,) = ev["advice"]
+    assert advice.startswith("at concurrency 1 alone, ngram K=8 w=2-4 is 1.13x faster than the recommended none (95% CI")
+    lines = _per_level_lines(ev)
+    assert lines[0] == "c=1 (weight 0.50): none 5.23 ms, best here ngram K=8 w=2-4 4.65 ms (1.13x)"
+    assert lines[1] == "c=32 (weight 0.50): none 6.84 ms" and lines[2] == f"note: {advice}"
+
+
+def test_h200_code_bands_are_best_at_1_and_near_best_at_32():
+    ev = level_evidence(_h200("code-h200"), canonical(CODE_BANDS), "median", 0.95)
+    one, many = ev["levels"]["1"], ev["levels"]["32"]
+    assert one["recommended"]["config"] == CODE_BANDS and one["best"]["config"] == CODE_BANDS
+    assert one["recommended"]["speedup"] == pytest.approx(5.20 / 1.87, rel=0.01)
+    # at 32 plain ngram K=8 measured 5.14 vs the bands' 5.33 ms, on 2-7 in-window requests each
+    assert many["best"]["config"] == NGRAM8 and many["best"]["vs_recommended"] == pytest.approx(5.33 / 5.14, rel=0.01)
+    assert many["recommended"]["speedup"] == pytest.approx(7.06 / 5.33, rel=0.01)
+    lo, hi = many["best"]["vs_recommended_ci"]
+    assert lo <= many["best"]["vs_recommended"] <= hi
+    assert ev["advice"] == ([] if lo <= 1.0 else ev["advice"]) and all("concurrency 32" in a for a in ev["advice"])
+
+
+def _tp(center: float, n: int = 24) -> list[float]:
+    return [center + 0.01 * ((i * 7) % 5) for i in range(n)]
+
+
+def test_infeasible_and_stalled_trials_do_not_count_and_a_study_without_levels_has_none():
+    suffix = {"method": "suffix", "num_speculative_tokens": 8}
+    base = _frozen(None, {"1": {"weight": 0.3, "tpot_ms": _tp(5.0)}, "8": {"weight": 0.7, "tpot_ms": _tp(8.0)}})
+    st = _Study([
+        base,
+        _frozen(NGRAM8, {"1": {"tpot_ms": _tp(3.0)}, "8": {"tpot_ms": _tp(7.0)}}),
+        _frozen(suffix, {"1": {"tpot_ms": _tp(1.0)}, "8": {"tpot_ms": _tp(1.0)}}, feasible=False),
+        _frozen(NGRAM8, {"1": {"tpot_ms": _tp(0.5)}, "8": {"tpot_ms": _tp(0.5)}}, stalled=True),
+    ])
+    ev = level_evidence(st, canonical(NGRAM8), "median", 0.95)
+    assert [ev["levels"][L]["best"]["config"] for L in ("1", "8")] == [NGRAM8, NGRAM8]
+    assert ev["levels"]["1"]["best"]["server_starts"] == 1 and ev["levels"]["1"]["best"]["tpot_ms"] == pytest.approx(3.02)
+    assert ev["levels"]["8"]["weight"] == 0.7 and ev["advice"] == []
+    assert ev["levels"]["1"]["recommended"]["speedup"] == pytest.approx(5.0 / 3.0, rel=0.01)
+    no_levels = _Study([_frozen(None, {}), _frozen(NGRAM8, {})])
+    assert level_evidence(no_levels, canonical(NGRAM8), "median", 0.95) is None
+    assert _per_level_lines(None) == []
