@@ -106,15 +106,13 @@ def _pooled(trials, bounds_ms: list[float]) -> dict:
         first += (m.get("summary") or {}).get("ok") or 0
         tpots += m.get("tpot_ms") or []
         k = len(d.get("accepted_per_position") or []) or k
-    steps = itl_steps if counted and trials else generated - first - accepted
+    steps = _telemetry.step_figures(generated, first, accepted, drafts, itl_steps if counted and trials else None)
     pct = _measure.percentiles(tpots) if tpots else {}
-    b = _telemetry.binned(tpots, bounds_ms) if tpots else []
-    return {"tpot_ms_p50": pct.get("p50"), "tpot_ms_p90": pct.get("p90"),
-            "tpot_p50": _telemetry.quantile(0.5, b), "tpot_p90": _telemetry.quantile(0.9, b),
+    p50, p90 = _telemetry.read_as_histogram(tpots, bounds_ms)
+    return {"tpot_ms_p50": pct.get("p50"), "tpot_ms_p90": pct.get("p90"), "tpot_p50": p50, "tpot_p90": p90,
             "tpot_mean": sum(tpots) / len(tpots) if tpots else None,
             "acceptance_length": 1 + accepted / drafts if drafts else None,
-            "coverage": drafts / steps if steps > 0 else None,
-            "tokens_per_step": (generated - first) / steps if steps > 0 else None,
+            "coverage": steps["coverage"], "tokens_per_step": steps["tokens_per_step"],
             "deployed_k": k, "trials": [t.number for t in trials], "requests": len(tpots)}
 
 
@@ -122,13 +120,8 @@ def trust_blocks(study, payload: dict, fidelity: dict) -> dict:
     """``traffic``, ``engine``, ``predicted``, ``canary`` and ``kill_criteria`` of a recommendation."""
     spec = study.spec
     tol = spec.production.tolerances
-    bounds = None
-    if fidelity.get("checked"):
-        try:
-            bounds = _telemetry.load(spec.production.telemetry)["derived"]["tpot_ms"]["bounds_ms"]
-        except _telemetry.TelemetryError:
-            bounds = None
-    bounds = bounds or VLLM_TPOT_BOUNDS_MS
+    # production's own TPOT buckets, which the gate read from its telemetry, else vLLM's
+    bounds = (fidelity.get("telemetry") or {}).get("tpot_bounds_ms") or VLLM_TPOT_BOUNDS_MS
     deployed = payload.get("speculative_config")
     key = canonical(deployed) if deployed else NONE
     predicted = {**_pooled(study.trials(config_key=key), bounds), "config": deployed,

@@ -71,15 +71,13 @@ def replay_figures(measurement: dict, tpot_bounds_ms: list[float]) -> dict:
     g = d.get("generated_tokens") or 0.0
     a = d.get("accepted_tokens") or 0.0
     drafts = d.get("drafts") or 0.0
-    n = s.get("ok") or 0
-    steps = d.get("itl_count") or (g - n - a)  # see _telemetry: the ITL count is the decode steps
+    steps = _telemetry.step_figures(g, s.get("ok") or 0, a, drafts, d.get("itl_count"))
     tpots = list(measurement.get("tpot_ms") or [])
-    b = _telemetry.binned(tpots, tpot_bounds_ms) if tpots and tpot_bounds_ms else []
+    p50, p90 = _telemetry.read_as_histogram(tpots, tpot_bounds_ms)
     k = len(d.get("accepted_per_position") or []) or None
     return {"acceptance_length": _al(drafts, a, k),
-            "coverage": drafts / steps if steps > 0 else None,
-            "tokens_per_step": (g - n) / steps if steps > 0 else None,
-            "tpot_p50": _telemetry.quantile(0.5, b), "tpot_p90": _telemetry.quantile(0.9, b),
+            "coverage": steps["coverage"], "tokens_per_step": steps["tokens_per_step"],
+            "tpot_p50": p50, "tpot_p90": p90,
             "tpot_mean": sum(tpots) / len(tpots) if tpots else None,
             "itl_mean": d.get("server_itl_ms_mean"), "itl_p50": None, "itl_p90": None,
             "deployed_k": k}
@@ -142,6 +140,7 @@ def check_study(study) -> dict:
         or study.trials(config_key=key)
     block = {"checked": True, "telemetry": {"source": b.get("source"), "file": str(prod_spec.telemetry),
                                             "started_at": b.get("started_at"), "window_s": b.get("window_s"),
+                                            "tpot_bounds_ms": derived["tpot_ms"]["bounds_ms"],
                                             "mean_running_requests": derived.get("mean_running_requests"),
                                             "requests": derived.get("requests_started")},
              "incumbent": incumbent, "tolerances": tolerances, "production": prod}

@@ -379,8 +379,7 @@ def _ratio_ci(a: dict, b: dict, weights: dict, statistic: str, confidence: float
     w = w / w.sum()
     ga = {k: _as_groups(a[k], f"a[{k}]" if k else "a") for k in keys}
     gb = {k: _as_groups(b[k], f"b[{k}]" if k else "b") for k in keys}
-    point_a = float(sum(wi * summarize(np.concatenate(ga[k]), statistic) for wi, k in zip(w, keys)))
-    point_b = float(sum(wi * summarize(np.concatenate(gb[k]), statistic) for wi, k in zip(w, keys)))
+    point_a, point_b = weighted_statistic(ga, weights, statistic), weighted_statistic(gb, weights, statistic)
     if point_b == 0.0:
         raise ValueError(f"{statistic} of side 'b' is zero: the ratio is undefined")
     seqs = np.random.SeedSequence(seed).spawn(2 * len(keys))

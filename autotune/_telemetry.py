@@ -134,6 +134,24 @@ def binned(values: list[float], bounds: list[float]) -> list[tuple[float, float]
     return [(le, float(sum(1 for v in values if v <= le))) for le in les]
 
 
+def read_as_histogram(values_ms: list[float], bounds_ms: list[float] | None) -> tuple[float | None, float | None]:
+    """p50 and p90 of exact values (ms) as a Prometheus histogram with these bounds reads them
+    (``binned``, then ``quantile``); (None, None) without values or bounds."""
+    b = binned(values_ms, bounds_ms) if values_ms and bounds_ms else []
+    return quantile(0.5, b), quantile(0.9, b)
+
+
+def step_figures(generated: float, first_tokens: float, accepted: float, drafts: float,
+                 itl_steps: float | None = None) -> dict:
+    """Decode steps, coverage and tokens per decode step from counter deltas. The steps are the
+    ITL histogram's count when known, else ``G - N - A``, which counts too few (module docstring);
+    the same rule for production, a replay trial and a prediction."""
+    steps = itl_steps if itl_steps else generated - first_tokens - accepted
+    ok = steps > 0
+    return {"decode_steps": steps if ok else None, "coverage": drafts / steps if ok else None,
+            "tokens_per_step": (generated - first_tokens) / steps if ok else None}
+
+
 def _hist_ms(before: Exposition, after: Exposition, name: str) -> dict:
     b = bucket_delta(before, after, name)
     count = _metrics._counter_delta(before.snapshot, after.snapshot, name + "_count")
@@ -155,7 +173,6 @@ def derive(before: Exposition, after: Exposition, window_s: float | None = None,
     first_tokens = _metrics._counter_delta(before.snapshot, after.snapshot, TTFT + "_count")
     finished = _metrics._counter_delta(before.snapshot, after.snapshot, SUCCESS)
     g, a = d.generated_tokens, d.accepted_tokens
-    decode_steps = d.itl_count if d.itl_count else g - first_tokens - a
     k = len(d.accepted_per_position)
     out: dict = {
         "window_s": window_s,
@@ -170,9 +187,7 @@ def derive(before: Exposition, after: Exposition, window_s: float | None = None,
         "deployed_k": k or None,
         "acceptance_length": d.acceptance_length,
         "acceptance_rate": d.acceptance_rate,
-        "decode_steps": decode_steps if decode_steps > 0 else None,
-        "coverage": (d.drafts / decode_steps) if decode_steps > 0 else None,
-        "tokens_per_step": ((g - first_tokens) / decode_steps) if decode_steps > 0 else None,
+        **step_figures(g, first_tokens, a, d.drafts, d.itl_count),
         "tpot_ms": _hist_ms(before, after, TPOT),
         "itl_ms": _hist_ms(before, after, ITL),
         "ttft_ms": _hist_ms(before, after, TTFT),
@@ -215,8 +230,10 @@ def _num(v):
 
 # ---- bundles: scrape, save, load --------------------------------------------------------------
 def bundle(before_text: str, after_text: str, *, source: str, started_at: float | None = None,
-           finished_at: float | None = None, samples: list[dict] | None = None) -> dict:
-    window = (finished_at - started_at) if started_at is not None and finished_at is not None else None
+           finished_at: float | None = None, samples: list[dict] | None = None,
+           window_s: float | None = None) -> dict:
+    """``window_s``: the window's length when no start and end times are known (two files)."""
+    window = (finished_at - started_at) if started_at is not None and finished_at is not None else window_s
     derived = derive(parse(before_text), parse(after_text), window, samples)
     return {"schema": SCHEMA, "source": source, "started_at": _iso(started_at), "finished_at": _iso(finished_at),
             "window_s": window, "samples": samples or [], "derived": derived,
@@ -292,8 +309,7 @@ def load(path: str | Path, after: str | Path | None = None, window_s: float | No
         except OSError as e:
             raise TelemetryError(f"{after}: cannot read ({e.strerror})") from None
         try:
-            return {**bundle(text, after_text, source=f"{p} -> {after}"), "window_s": window_s,
-                    "derived": derive(parse(text), parse(after_text), window_s)}
+            return bundle(text, after_text, source=f"{p} -> {after}", window_s=window_s)
         except TelemetryError as e:
             raise TelemetryError(f"{p}, {after}: {e}") from None
     try:

@@ -116,18 +116,16 @@ def drift() -> None:
 
 def drift_result(spec, replay: str | None = None, telemetry_path: str | None = None, vllm_version: str | None = None):
     """The drift check of one workload (also used by the daemon); raises ValueError on bad input."""
-    from pathlib import Path
-
-    from . import _drift, _replayset
+    from . import _drift, _recommend, _replayset
     from ._telemetry import load
 
     rec_dir = _rec_dir(spec)
     try:
-        rec = json.loads((Path(rec_dir) / f"{spec.workload}.json").read_text())
+        rec = _recommend.load(rec_dir, spec.workload)
     except FileNotFoundError:
         rec = None
     except ValueError as e:
-        raise ValueError(f"{rec_dir}/{spec.workload}.json: unreadable ({e})") from None
+        raise ValueError(f"{_recommend.recommendation_path(rec_dir, spec.workload)}: unreadable ({e})") from None
     rs = _replayset.load(replay or spec.replay.path)
     tpath = telemetry_path or spec.production.telemetry
     tel = load(tpath) if tpath else None

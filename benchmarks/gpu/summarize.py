@@ -51,8 +51,8 @@ def objective_table(paths: list[str], workloads: list[str]) -> None:
     """The study trials decided as autotune decides a profile study (needs autotune importable)."""
     from autotune._measure import bootstrap_weighted_ratio_ci, weighted_statistic
 
-    trials = [json.loads(line) for p in paths for line in Path(p).read_text().splitlines()
-              if line.strip() and '"study"' in line]
+    rows = [json.loads(line) for p in paths for line in Path(p).read_text().splitlines() if line.strip()]
+    trials = [r for r in rows if "study" in r]
     for wl in workloads:
         done = [t for t in trials if t["workload"] == wl and t["state"] == "COMPLETE" and t.get("levels")]
         base = next((t for t in done if t["config_key"] == "none"), None)
