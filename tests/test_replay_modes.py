@@ -353,18 +353,24 @@ def test_three_modes_against_vllm(make_spec, demo_home, tmp_path):
         assert len(run.ok()) == 12, run.summary()["errors"]
         assert all(r.output_tokens == 64 and r.server_metrics.get("mean_itl_ms") for r in run.ok())
     assert closed.max_in_flight == 4
-    # open loop: sent on schedule while earlier requests were still running. The lag margins
-    # allow for a client starved of CPU by the server it shares 2 cores with: in one CI rehearsal
-    # the sends fell behind by 15-25 ms each (lags 0.2 ... 196 ms, p50 109 ms) while the gaps
-    # stayed at 151-182 ms for 150 ms; the gaps are the schedule, the lag what the host allowed
+    # open loop: each request sent at its recorded time scaled by `gap`, never before it, without
+    # waiting for earlier answers. How LATE a send is depends on the host: the client shares 2 cores
+    # with the server, and on one CI host its event loop got the CPU only every ~150 ms, so sends
+    # came in bursts (gaps 0.15, 0.001, 0.0, ... for 0.037; lags up to 650 ms). Lateness is what
+    # `send_lag_ms` reports, so the test checks that report against the send times, not a bound on
+    # it; the timing itself is held to 50 ms against a fast local server (test above).
+    ts = {q.id: float(q.ts) for q in b}
+    first = min(range(12), key=lambda i: ts[opened.results[i].id])
+    t0 = opened.results[first].started_at - opened.send_lag_ms[first] / 1000   # the schedule's zero
     starts = sorted(r.started_at for r in opened.results)
     gaps = [round(y - x, 3) for x, y in zip(starts, starts[1:])]
-    lag = opened.summary()["send_lag_ms"]
     why = (f"gap {gap:.3f} s: send gaps {gaps} s, lags {[round(x, 1) for x in opened.send_lag_ms]} ms, "
            f"e2e {[round(r.e2e_ms) for r in opened.ok()]} ms")
     assert opened.time_scale == gap
-    assert statistics.median(gaps) == pytest.approx(gap, abs=max(0.03, 0.4 * gap)), why
-    assert lag["p50"] < 250 and lag["max"] < 1000, why
+    for r, lag in zip(opened.results, opened.send_lag_ms):
+        due = t0 + (ts[r.id] - min(ts.values())) * gap
+        assert lag >= 0 and (r.started_at - due) * 1000 == pytest.approx(lag, abs=1.0), why
+    assert opened.summary()["send_lag_ms"]["max"] == pytest.approx(max(opened.send_lag_ms), abs=0.01)
     assert opened.max_in_flight >= 2, why
 
     # server 2: the profile through the trial, on the same ids (each level takes its warm-up wave and
