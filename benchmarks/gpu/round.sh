@@ -14,6 +14,7 @@
 #                               SECONDS (the study resumes on the next call), then trials exported
 #   points:WORKLOAD:LABEL:JSON  measure the speculative configs of JSON (a list) once each
 #   grid:WORKLOAD:SECONDS:ITEMS measure grid points not measured yet (ITEMS: none,ngram=1/2/4,...)
+#                               (neither in this round's rows nor in benchmarks/results/h200-*.jsonl)
 #   patch / unpatch             drafter CUDA-graph experiment (patch_drafter_cudagraph.py)
 #   sleep:N                     wait (lets the machine finish writing)
 set -u
@@ -74,7 +75,8 @@ for step in "$@"; do
     grid)
       python3 benchmarks/gpu/measure_points.py benchmarks/gpu/"$a".yaml --deadline-s "$b" \
         --grid $(echo "$c" | tr ',' ' ' | tr '=' ':' | tr '/' ',') --out $R/results/points.jsonl \
-        --done $R/results/trials.jsonl --log-dir $R/logs 2>&1 | tee -a $R/results/points.out
+        --done $R/results/trials.jsonl benchmarks/results/h200-trials-*.jsonl benchmarks/results/h200-points-*.jsonl \
+        --log-dir $R/logs 2>&1 | tee -a $R/results/points.out
       export_trials ;;
     patch)   python3 benchmarks/gpu/patch_drafter_cudagraph.py /tmp/site/vllm | tee -a $R/results/round.log ;;
     unpatch) python3 benchmarks/gpu/patch_drafter_cudagraph.py /tmp/site/vllm --revert | tee -a $R/results/round.log ;;

@@ -34,17 +34,27 @@ def rows_of(paths: list[str]) -> list[dict]:
                 continue
             r = json.loads(line)
             ok = r.get("state") == "COMPLETE" or r.get("ok")
-            if not ok or not r.get("levels"):
+            if not ok:
+                continue
+            levels = {int(k): {"tpot": v["tpot"], "al": (v.get("spec_delta") or {}).get("acceptance_length"),
+                               "tok_s": v["summary"].get("output_throughput_tok_s")}
+                      for k, v in (r.get("levels") or {}).items()}
+            summ = r.get("summary") or {}
+            tpot = r.get("value") if "study" in r else r.get("tpot")
+            if not levels and summ.get("mode") == "closed" and tpot is not None:  # one closed loop
+                levels = {int(summ["concurrency"]): {"tpot": tpot, "tok_s": summ.get("output_throughput_tok_s"),
+                                                     "al": (r.get("spec_delta") or {}).get("acceptance_length")}}
+            if not levels:
                 continue
             wl = r.get("workload") if r.get("workload") not in (None, "*") else r.get("spec_workload")
             out.append({"workload": wl, "label": r.get("label") or "", "config": r.get("config"),
                         "key": r.get("config_key"), "source": "study" if "study" in r else "point",
-                        "start_s": r.get("start_seconds"),
-                        "levels": {int(k): {"tpot": v["tpot"],
-                                            "al": (v.get("spec_delta") or {}).get("acceptance_length"),
-                                            "tok_s": v["summary"].get("output_throughput_tok_s")}
-                                   for k, v in r["levels"].items()}})
+                        "start_s": r.get("start_seconds"), "levels": levels})
     return out
+
+
+def config_key(rec: dict) -> str:
+    return json.dumps(rec["speculative_config"], sort_keys=True) if rec.get("speculative_config") else "none"
 
 
 def objective_table(paths: list[str], workloads: list[str]) -> None:
@@ -78,10 +88,19 @@ def main(argv=None) -> int:
     ap.add_argument("--objective", action="store_true",
                     help="each study config against the baseline on the traffic-weighted per-level median "
                          "(autotune's profile objective), with its bootstrap CI")
+    ap.add_argument("--target", nargs="*", default=[], metavar="STUDY=GRID@LEVEL",
+                    help="a study that targeted one level of a grid workload (chat-h200-c1=chat-h200@1): "
+                         "its recommendation, not GRID's, is judged at that level")
     args = ap.parse_args(argv)
     rows = rows_of(args.files)
     recs = {json.loads(Path(p).read_text())["workload"]: json.loads(Path(p).read_text()) for p in args.recommendations}
+    targets = {}
+    for t in args.target:
+        study, _, where = t.partition("=")
+        grid_wl, _, lv = where.partition("@")
+        targets[(grid_wl, int(lv))] = study
     workloads = sorted({r["workload"] for r in rows if not r["label"]})
+    grids: dict[str, list[dict]] = {}
     for wl in workloads:
         grid = [r for r in rows if not r["label"] and (r["workload"] == wl or r["key"] == "none")]
         seen, uniq = set(), []
@@ -90,8 +109,10 @@ def main(argv=None) -> int:
                 continue
             seen.add(r["key"])
             uniq.append(r)
-        levels = sorted({lv for r in uniq for lv in r["levels"]})
-        base = next((r for r in uniq if r["key"] == "none"), None)
+        own = {lv for r in uniq if r["workload"] == wl for lv in r["levels"]}
+        uniq = [r for r in uniq if own & set(r["levels"])]
+        grids[wl] = uniq
+        levels = sorted(own)
         print(f"\n### {wl}\n")
         print("| config | source | start s | " + " | ".join(f"TPOT c={lv} ms (AL, tok/s)" for lv in levels) + " |")
         print("|---|---|---|" + "---|" * len(levels))
@@ -102,19 +123,29 @@ def main(argv=None) -> int:
                 al = f"{d['al']:.2f}" if d and d["al"] else "-"
                 cells.append(f"{d['tpot']:.2f} ({al}, {d['tok_s']:.0f})" if d else "-")
             print(f"| {label(r['config'])} | {r['source']} | {r['start_s']:.0f} | " + " | ".join(cells) + " |")
-        rec = recs.get(wl)
-        rec_key = json.dumps(rec["speculative_config"], sort_keys=True) if rec and rec["speculative_config"] else "none"
-        rec_row = next((r for r in uniq if r["key"] == rec_key), None)
-        for lv in levels:
-            best = min((r for r in uniq if lv in r["levels"]), key=lambda r: r["levels"][lv]["tpot"])
-            b = base["levels"][lv]["tpot"] if base else float("nan")
-            line = f"c={lv}: measured best {label(best['config'])} {best['levels'][lv]['tpot']:.2f} ms ({b / best['levels'][lv]['tpot']:.2f}x vs none)"
-            if rec_row and rec:
-                t = rec_row["levels"][lv]["tpot"]
-                line += (f"; recommended ({rec['decision']}) {label(rec_row['config'])} {t:.2f} ms "
-                         f"({b / t:.2f}x vs none, {t / best['levels'][lv]['tpot'] - 1:+.1%} vs measured best)")
-            print(line)
         print(f"configurations measured: {len(uniq)}")
+    print("\n### recommended vs the measured best, per workload and concurrency\n")
+    for wl, uniq in grids.items():
+        levels = sorted({lv for r in uniq if r["workload"] == wl for lv in r["levels"]})
+        if wl in targets.values():
+            continue
+        base = next((r for r in uniq if r["key"] == "none"), None)
+        for lv in levels:
+            at = [r for r in uniq if lv in r["levels"]]
+            best = min(at, key=lambda r: r["levels"][lv]["tpot"])
+            b = base["levels"][lv]["tpot"] if base and lv in base["levels"] else float("nan")
+            line = (f"{wl} c={lv}: measured best {label(best['config'])} {best['levels'][lv]['tpot']:.2f} ms "
+                    f"({b / best['levels'][lv]['tpot']:.2f}x vs none)")
+            by = targets.get((wl, lv), wl)
+            rec = recs.get(by)
+            rec_row = next((r for r in at if rec and r["key"] == config_key(rec)), None)
+            if rec_row:
+                t = rec_row["levels"][lv]["tpot"]
+                line += (f"; recommended by {by} ({rec['decision']}) {label(rec_row['config'])} {t:.2f} ms "
+                         f"({b / t:.2f}x vs none, {t / best['levels'][lv]['tpot'] - 1:+.1%} vs measured best)")
+            elif rec:
+                line += f"; recommended by {by}: {label(rec['speculative_config'])}, not measured at c={lv}"
+            print(line)
     if args.objective:
         objective_table(args.files, workloads)
     exp = [r for r in rows if r["label"]]
