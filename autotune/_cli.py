@@ -22,6 +22,7 @@ from pathlib import Path
 import click
 
 from ._runner import storage_for
+from ._serverlog import engine_note_lines
 from ._settings import Settings, get_settings
 from ._spec import SpecError, find_spec, load_spec
 
@@ -194,6 +195,8 @@ def recommend_show(workload, as_json) -> None:
                    f"{ev['speedup_ci'][0]:.2f}-{ev['speedup_ci'][1]:.2f}; baseline {ev['baseline']['tpot_ms']:.2f} ms"
                    f" vs {ev['winner']['tpot_ms']:.2f} ms {ev['statistic']} TPOT")
     for line in _per_level_lines(rec.get("per_level")):
+        click.echo(f"  {line}")
+    for line in engine_note_lines(rec.get("engine_notes")):
         click.echo(f"  {line}")
     click.echo(f"  study {rec['study']['name']}: {rec['study']['server_starts']} server starts, "
                f"created {rec['created_at']}, expires {rec['expires_at']}")

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from . import _measure
 from ._levels import profile_groups
+from ._serverlog import added
 from ._space import NONE, canonical
 
 SCHEMA = "autotune.recommendation/1"
@@ -254,6 +255,7 @@ def build(study, decision: Decision, outcome) -> dict:
         "created_at": now.isoformat(timespec="seconds"),
         "expires_at": (now + dt.timedelta(days=EXPIRY_DAYS)).isoformat(timespec="seconds"),
         **_per_level(study, deploy),
+        **_engine_notes(study, deploy),
         **_warnings(spec),
     }
 
@@ -268,6 +270,22 @@ def _per_level(study, deploy: dict | None) -> dict:
     except Exception as e:  # noqa: BLE001 - an auxiliary block; the decision stands without it
         return {"per_level_error": f"{type(e).__name__}: {e}"}
     return {"per_level": ev} if ev else {}
+
+
+def _engine_notes(study, deploy: dict | None) -> dict:
+    """``engine_notes``: what vLLM's log said about the engine path of the deployed config (its
+    last measured start) and which of those the no-speculation baseline's start did not have."""
+    if not deploy:
+        return {}
+
+    def notes(key: str) -> dict | None:
+        ts = [t for t in study.trials(config_key=key) if "measurement" in t.user_attrs]
+        return ts[-1].user_attrs["measurement"].get("engine_notes") if ts else None
+
+    winner, baseline = notes(canonical(deploy)), notes(NONE)
+    if winner is None:
+        return {}
+    return {"engine_notes": {"config": winner, "baseline": baseline or {}, "not_in_baseline": added(winner, baseline)}}
 
 
 def _warnings(spec) -> dict:

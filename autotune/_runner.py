@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Callable
 
 from ._lock import EX_TEMPFAIL, FileLock, LockHeld, gpu_lock_path, servers_dir
+from ._serverlog import engine_note_lines
 from ._settings import Settings, get_settings
 from ._signals import StopState, graceful_stop, signame_of
 from ._spec import SpecError, find_spec, load_spec
@@ -300,6 +301,8 @@ def _locked(req: RunRequest, spec, settings: Settings, echo: Echo, on_event, loc
             if "speedup" in ev else ""))
     for line in (payload.get("per_level") or {}).get("advice") or []:
         echo(f"  note: {line}")
+    for line in engine_note_lines(payload.get("engine_notes")):
+        echo(f"  {line}")
     for note in payload["drift"]["notes"]:
         echo(f"  drift: {note}")
     for line in _gate.lines(payload["fidelity"]):

@@ -13,7 +13,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import _metrics, _replay
+from . import _metrics, _replay, _serverlog
 from ._engine import ServerStartError, VllmServer, build_argv, free_port
 from ._profile import ProfileRun
 from ._replayset import ReplayRequest
@@ -42,6 +42,8 @@ class Measurement:
     """``replay.mode: profile``: per level (``"4"``) its weight, in-window ``tpot_ms`` (engine's),
     ``client_tpot_ms``, ``tags``, ``tpot`` (the objective statistic) and ``summary``; ``tpot_ms``
     above is then the levels pooled with their weights (see ``_profile``). Empty otherwise."""
+    engine_notes: dict[str, dict] = field(default_factory=dict)
+    """what the server log said about the engine's path (``_serverlog.scan``)."""
 
     def to_attrs(self) -> dict:
         return asdict(self)
@@ -123,7 +125,7 @@ def measure(spec: StudySpec, config: dict | None, requests: list[ReplayRequest],
         spec_delta=d.to_dict(), tpot_ms=tpots, client_tpot_ms=client_tpots,
         tpot_source="server" if all(request_tpot(r)[1] == "server" for r in ok) else "client",
         outputs=outputs, tags=[t for _, t in timed], errors=[f"{r.id}: {r.error}" for r in failed][:20],
-        levels=levels,
+        levels=levels, engine_notes=_serverlog.scan(log_path),
     )
 
 

@@ -55,6 +55,11 @@ def test_code_study_recommends_speculation(make_spec, tmp_path):
     assert len(base["tpot_ms"]) == 32 and base["spec_delta"]["acceptance_length"] is None
     assert ts[1].user_attrs["measurement"]["spec_delta"]["accepted_per_position"][0] > 0
     assert "trial" in proc.stdout and "decision: change" in proc.stdout
+    # what vLLM's logs said: ngram turns async scheduling off; eager mode is the baseline's too
+    notes = rec["engine_notes"]
+    assert "async_scheduling_off" in notes["not_in_baseline"] and "ngram" in notes["config"]["async_scheduling_off"]["note"]
+    assert "eager" in notes["baseline"] and "eager" not in notes["not_in_baseline"]
+    assert "engine: async scheduling disabled" in proc.stdout
 
     # rerun on the same inputs resumes the study: budget spent, no new server start
     again = run_cli(spec, tmp_path)
