@@ -191,7 +191,17 @@ class Study:
         """Best feasible measured speculative config (by the objective), or None."""
         cands = [t for t in self.trials() if t.user_attrs.get("config_key") != NONE
                  and t.constraints and all(c <= 0 for c in t.constraints.values())]
-        return min(cands, key=lambda t: t.value) if cands else None
+        return min(cands, key=self.objective_of) if cands else None
+
+    def objective_of(self, t) -> float:
+        """The trial's objective as this version computes it, from its stored measurement.
+        Optuna's stored value is what the version that measured it computed: a study resumed
+        after the objective changed (profile studies once pooled both levels' requests) would
+        otherwise rank old and new trials on different figures."""
+        m = t.user_attrs.get("measurement") or {}
+        if not m.get("tpot_ms"):
+            return t.value
+        return measurement_objective(m.get("levels"), m["tpot_ms"], self.spec.objective.statistic)
 
     # ---- recovery and claims --------------------------------------------------------------
     def recover(self) -> list[int]:
@@ -343,7 +353,7 @@ class Study:
             number=frozen.number, role=frozen.user_attrs.get("role", ROLE_SEARCH),
             config=frozen.user_attrs.get("config"), state=frozen.state.name,
             value=frozen.value if frozen.state == optuna.trial.TrialState.COMPLETE else None,
-            best=best.value if best else None, server_starts=self.server_starts(),
+            best=self.objective_of(best) if best else None, server_starts=self.server_starts(),
             elapsed_s=time.monotonic() - self.t0,
             note=frozen.user_attrs.get("error", "") or ("duplicate" if frozen.user_attrs.get("duplicate") else "")))
         reason = self._budget_left(reserve=2 * self.spec.objective.confirm_starts

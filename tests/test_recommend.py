@@ -173,11 +173,11 @@ def _trial(config: dict | None, tpot: list[float], *, role: str = "search", thro
 
 
 class FakeStudy:
-    """What decide() reads (.spec, .trials(config_key=), .best()), over real FrozenTrials; trials
-    and best are Study's own, reading an in-memory Optuna study."""
+    """What decide() reads (.spec, .trials(config_key=), .best()), over real FrozenTrials; trials,
+    best and objective_of are Study's own, reading an in-memory Optuna study."""
 
     trials = Study.trials
-    best = Study.best
+    best, objective_of = Study.best, Study.objective_of
 
     def __init__(self, spec, frozen):
         self.spec = spec
