@@ -85,4 +85,4 @@ def added(winner: dict | None, baseline: dict | None) -> dict[str, dict]:
 def engine_note_lines(block: dict | None) -> list[str]:
     """A recommendation's ``engine_notes`` for people: what the config changes in the engine."""
     extra = (block or {}).get("not_in_baseline") or {}
-    return [f"engine: {v['note']} (vLLM's log; the baseline ran without it)" for v in extra.values()]
+    return [f"engine: {v['note']} -- in vLLM's log, not in the baseline's" for v in extra.values()]
