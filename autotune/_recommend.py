@@ -255,7 +255,7 @@ def build(study, decision: Decision, outcome) -> dict:
         "created_at": now.isoformat(timespec="seconds"),
         "expires_at": (now + dt.timedelta(days=EXPIRY_DAYS)).isoformat(timespec="seconds"),
         **_per_level(study, deploy),
-        **_engine_notes(study, deploy),
+        **_engine_notes(study, winner_trials if deploy else []),
         **_warnings(spec),
     }
 
@@ -272,20 +272,17 @@ def _per_level(study, deploy: dict | None) -> dict:
     return {"per_level": ev} if ev else {}
 
 
-def _engine_notes(study, deploy: dict | None) -> dict:
+def _engine_notes(study, deployed_trials: list) -> dict:
     """``engine_notes``: what vLLM's log said about the engine path of the deployed config (its
     last measured start) and which of those the no-speculation baseline's start did not have."""
-    if not deploy:
+    if not deployed_trials:
         return {}
-
-    def notes(key: str) -> dict | None:
-        ts = [t for t in study.trials(config_key=key) if "measurement" in t.user_attrs]
-        return ts[-1].user_attrs["measurement"].get("engine_notes") if ts else None
-
-    winner, baseline = notes(canonical(deploy)), notes(NONE)
-    if winner is None:
+    winner = deployed_trials[-1].user_attrs["measurement"].get("engine_notes")
+    if winner is None:  # measured by a version that did not read the log
         return {}
-    return {"engine_notes": {"config": winner, "baseline": baseline or {}, "not_in_baseline": added(winner, baseline)}}
+    base = study.trials(config_key=NONE)
+    baseline = (base[-1].user_attrs["measurement"].get("engine_notes") if base else None) or {}
+    return {"engine_notes": {"config": winner, "baseline": baseline, "not_in_baseline": added(winner, baseline)}}
 
 
 def _warnings(spec) -> dict:

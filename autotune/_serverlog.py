@@ -55,22 +55,23 @@ def register(name: str, regex: str, note: str) -> None:
 
 def scan(path: str | Path, max_bytes: int = 32 << 20) -> dict[str, dict]:
     """``{id: {"note", "line"}}`` for each pattern found in the log (first occurrence; vLLM's API
-    server and engine processes often log the same warning twice). Reads at most ``max_bytes``:
-    the start-up messages come first."""
+    server and engine processes often log the same warning twice). Reads line by line, at most
+    ``max_bytes`` and only until every pattern was found: the start-up messages come first."""
     found: dict[str, dict] = {}
     try:
         with open(path, encoding="utf-8", errors="replace") as fh:
-            text = fh.read(max_bytes)
+            read = 0
+            for line in fh:
+                read += len(line)
+                for name, p in PATTERNS.items():
+                    m = None if name in found else p.regex.search(line)
+                    if m:
+                        found[name] = {"note": p.note.format(**{k: v.strip() for k, v in m.groupdict().items()}),
+                                       "line": line.strip()[-300:]}
+                if read >= max_bytes or len(found) == len(PATTERNS):
+                    break
     except OSError:
-        return found
-    for line in text.splitlines():
-        for name, p in PATTERNS.items():
-            if name in found:
-                continue
-            m = p.regex.search(line)
-            if m:
-                found[name] = {"note": p.note.format(**{k: v.strip() for k, v in m.groupdict().items()}),
-                               "line": line.strip()[-300:]}
+        return {}
     return found
 
 

@@ -54,6 +54,8 @@ def rows_of(paths: list[str]) -> list[dict]:
 
 
 def config_key(rec: dict) -> str:
+    """``autotune._space.canonical`` of a recommendation's config, written out: the tables run with
+    a bare python3 (autotune's package import needs its dependencies)."""
     return json.dumps(rec["speculative_config"], sort_keys=True) if rec.get("speculative_config") else "none"
 
 
@@ -93,7 +95,7 @@ def main(argv=None) -> int:
                          "its recommendation, not GRID's, is judged at that level")
     args = ap.parse_args(argv)
     rows = rows_of(args.files)
-    recs = {json.loads(Path(p).read_text())["workload"]: json.loads(Path(p).read_text()) for p in args.recommendations}
+    recs = {r["workload"]: r for r in (json.loads(Path(p).read_text()) for p in args.recommendations)}
     targets = {}
     for t in args.target:
         study, _, where = t.partition("=")
