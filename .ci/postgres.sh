@@ -26,6 +26,8 @@ fi
 psql() { command psql -v ON_ERROR_STOP=1 -q -h 127.0.0.1 -p "$PGPORT" -U postgres "$@"; }
 psql -tAc "SELECT 1 FROM pg_roles WHERE rolname = 'autotune'" | grep -q 1 \
   || psql -c "CREATE ROLE autotune LOGIN PASSWORD 'autotune' CREATEDB" >&2
+# CREATEROLE: the secrets test makes a role of its own with a password found nowhere else
+psql -c "ALTER ROLE autotune CREATEROLE" >&2
 psql -tAc "SELECT 1 FROM pg_database WHERE datname = 'autotune'" | grep -q 1 \
   || psql -c "CREATE DATABASE autotune OWNER autotune" >&2
 echo "export AUTOTUNE_TEST_PG_URL=postgresql+psycopg://autotune:autotune@127.0.0.1:$PGPORT/autotune"

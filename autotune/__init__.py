@@ -4,15 +4,15 @@ Data flows one way: traffic -> replay set -> trials (engine + replay + measure) 
 recommendation. Implementation lives in private ``_module.py`` files; this is the public API.
 """
 
-from ._engine import ServerStartError, VllmServer, build_argv
-from ._measure import RatioCI, bootstrap_ratio_ci, detect_stall, summarize
-from ._probe import Capabilities, probe
-from ._recommend import Decision, decide
-from ._replayset import ReplayRequest, ReplaySet, ReplaySetError
-from ._settings import Settings, get_settings
-from ._space import SearchSpace
-from ._spec import SpecError, StudySpec, load_spec
-from ._study import Study, StudyOutcome
+from autotune.core._measure import RatioCI, bootstrap_ratio_ci, detect_stall, summarize
+from autotune.core._settings import Settings, get_settings
+from autotune.core._spec import SpecError, StudySpec, load_spec
+from autotune.decide._recommend import Decision, decide
+from autotune.engines._engine import ServerStartError, VllmServer, build_argv
+from autotune.engines._probe import Capabilities, probe
+from autotune.search._space import SearchSpace
+from autotune.search._study import Study, StudyOutcome
+from autotune.traffic._replayset import ReplayRequest, ReplaySet, ReplaySetError
 
 __version__ = "0.1.0"
 

@@ -1,3 +1,3 @@
-from ._cli import main
+from autotune.cli._main import main
 
 main()

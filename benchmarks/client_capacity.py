@@ -9,7 +9,7 @@ the client's and the server's CPU time per wall second (from ``/proc/<pid>/stat`
 per client CPU-second (what one fully busy client core would sustain; equal to the first figure
 when the client's share is 100%). When the server's share is the one near 100%, the server was
 the bottleneck and the client's capacity is the per-CPU-second figure. For reference the same
-closed loop and SSE parsing also run over httpx (the replay's transport before ``autotune._http``)
+closed loop and SSE parsing also run over httpx (the replay's transport before ``autotune.replay._http``)
 and aiohttp (the library `vllm bench serve` uses).
 
     python benchmarks/client_capacity.py                      # 64 and 256 streams
@@ -67,7 +67,7 @@ async def _reference_loop(kind: str, base_url: str, bodies: list[dict], streams:
     """The same closed loop and SSE parsing (``StreamParser``) over another HTTP library:
     ``httpx`` (one client, a pool of ``streams`` connections: the replay's transport before
     ``_http``) or ``aiohttp`` (what `vllm bench serve` uses)."""
-    from autotune._replay import StreamParser
+    from autotune.replay._replay import StreamParser
 
     url = base_url + "/v1/completions"
     queue = list(reversed(bodies))
@@ -101,8 +101,8 @@ async def _reference_loop(kind: str, base_url: str, bodies: list[dict], streams:
 
 
 async def one_level(client: str, base_url: str, streams: int, n_requests: int, tokens: int, server_pid: int) -> dict:
-    from autotune._replay import run_closed_loop
-    from autotune._replayset import ReplayRequest
+    from autotune.replay._replay import run_closed_loop
+    from autotune.traffic._replayset import ReplayRequest
 
     reqs = [ReplayRequest(id=f"cap{streams}-{i}", endpoint="completions",
                           body={"prompt": f"p{i}", "max_tokens": tokens}) for i in range(n_requests)]

@@ -7,6 +7,7 @@ as soon as it is measured; a rerun skips (config, start) pairs already recorded,
 interrupted grid continues where it stopped and nothing is measured twice.
 
     python benchmarks/grid.py benchmarks/workloads/ngram-mid.yaml --k 1,2,3,4,6,8 --starts 3
+    python benchmarks/grid.py studies/code-smollm2.yaml --only ngram=2,4,8 --only draft_model=2,4 --starts 2
     python benchmarks/grid.py benchmarks/workloads/ngram-mid.yaml --report   # table only
 """
 
@@ -22,24 +23,53 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autotune import _measure, _replayset  # noqa: E402
-from autotune._probe import probe, python_for  # noqa: E402
-from autotune._signals import graceful_stop  # noqa: E402
-from autotune._space import NONE, SearchSpace, canonical  # noqa: E402
-from autotune._spec import load_spec  # noqa: E402
-from autotune._study import split_requests  # noqa: E402
-from autotune._trial import TrialFailed, measure  # noqa: E402
+from autotune.core import _measure
+from autotune.traffic import _replayset  # noqa: E402
+from autotune.engines import _registry  # noqa: E402
+from autotune.core._signals import graceful_stop  # noqa: E402
+from autotune.search._space import NONE, SearchSpace, canonical  # noqa: E402
+from autotune.search._space import label as space_label  # noqa: E402
+from autotune.core._spec import load_spec  # noqa: E402
+from autotune.search._study import split_requests  # noqa: E402
+from autotune.search._trial import TrialFailed, measure  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 
 
-def grid_configs(space: SearchSpace, ks: list[int] | None) -> list[dict | None]:
+def parse_only(values: list[str] | None) -> dict[str, list[int]] | None:
+    """``--only ngram=2,4,8 --only draft_model=2,4`` -> {method: Ks}."""
+    if not values:
+        return None
+    out = {}
+    for v in values:
+        method, sep, ks = v.partition("=")
+        if not sep or not method:
+            raise SystemExit(f"--only {v!r}: expected METHOD=K,K,... (e.g. ngram=2,4,8)")
+        try:
+            out[method] = [int(k) for k in ks.split(",")]
+        except ValueError:
+            raise SystemExit(f"--only {v!r}: the Ks must be integers") from None
+    return out
+
+
+def grid_configs(space: SearchSpace, ks: list[int] | None,
+                 only: dict[str, list[int]] | None = None) -> list[dict | None]:
     configs: list[dict | None] = [None]
+    if only:
+        unknown = sorted(set(only) - set(space.methods))
+        if unknown:
+            raise SystemExit(f"--only: {', '.join(unknown)} not in the space ({', '.join(space.methods)})")
     for method in space.methods:
+        if only is not None and method not in only:
+            continue
         kr = space.spec.k_range(method)
-        for k in ks or range(kr.min, kr.max + 1):
+        for k in (only or {}).get(method) or ks or range(kr.min, kr.max + 1):
             if kr.min <= k <= kr.max:
-                configs.append(space.config_from_params(space.params_for(method, k)))
+                params = space.params_for(method, k)
+                for model in (space.spec.draft_models if method == "draft_model" else [None]):
+                    if model is not None:
+                        params = {**params, "draft_model.model": model}
+                    configs.append(space.config_from_params(params))
     return configs
 
 
@@ -77,9 +107,7 @@ def summarize(rows: list[dict], statistic: str = "median") -> list[dict]:
 
 
 def label(config: dict | None) -> str:
-    if not config:
-        return "none"
-    return f"{config['method']} K={config['num_speculative_tokens']}"
+    return space_label(config)
 
 
 def report(rows: list[dict], statistic: str = "median") -> str:
@@ -118,6 +146,8 @@ def _main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("spec")
     ap.add_argument("--k", help="comma-separated K values (default: the space's whole K range)")
+    ap.add_argument("--only", action="append", metavar="METHOD=K,K",
+                    help="only these methods, at these Ks (repeatable; the baseline is always measured)")
     ap.add_argument("--starts", type=int, default=3, help="server starts per configuration")
     ap.add_argument("--out", help="results JSONL (default benchmarks/results/grid-<workload>.jsonl)")
     ap.add_argument("--report", action="store_true", help="print the table from recorded rows only")
@@ -129,11 +159,12 @@ def _main(argv=None) -> int:
     rows = load_rows(out)
     if not args.report:
         command = list(spec.engine.command)
-        caps = probe(python_for(command, spec.engine.python), spec.engine.env, cache_dir=Path(args.home) / "cache")
+        caps = _registry.for_spec(spec).probe(command, spec.engine.python, spec.engine.env, Path(args.home) / "cache")
         space = SearchSpace.build(spec.space, caps)
         rs = _replayset.load(spec.replay.path)
         warmup, search, _ = split_requests(spec, rs)
-        configs = grid_configs(space, [int(k) for k in args.k.split(",")] if args.k else None)
+        configs = grid_configs(space, [int(k) for k in args.k.split(",")] if args.k else None,
+                               parse_only(args.only))
         print(f"grid {spec.workload}: {len(configs)} configs x {args.starts} starts, "
               f"{len(search)} requests each, concurrency {spec.replay.concurrency}", flush=True)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -164,7 +195,7 @@ def _main(argv=None) -> int:
                     fh.write(json.dumps(row) + "\n")
                 tp = f"{_measure.summarize(row['tpot_ms'], spec.objective.statistic):.2f} ms" \
                     if row.get("ok") else row.get("error")
-                print(f"  round {rnd} {label(cfg):22s} {tp}  ({time.monotonic() - t0:.0f}s)", flush=True)
+                print(f"  round {rnd} {label(cfg):40s} {tp}  ({time.monotonic() - t0:.0f}s)", flush=True)
     print(report(rows, spec.objective.statistic))
     return 0
 

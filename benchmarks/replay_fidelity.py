@@ -50,9 +50,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autotune import _demo, _metrics, _replay  # noqa: E402
-from autotune._engine import VllmServer, build_argv, free_port  # noqa: E402
-from autotune._replayset import ReplayRequest  # noqa: E402
+from autotune.demo import _demo
+from autotune.engines import _metrics
+from autotune.replay import _replay  # noqa: E402
+from autotune.engines._engine import VllmServer, build_argv, free_port  # noqa: E402
+from autotune.traffic._replayset import ReplayRequest  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "replay_fidelity.json"
 CONFIGS = {"none": None,

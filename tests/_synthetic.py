@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import random
 
-from autotune._bands import BANDS_KEY, k_at
-from autotune._predict import LevelObs, Observation
+from autotune.search._bands import BANDS_KEY, k_at
+from autotune.search._predict import LevelObs, Observation
 
 
 class Workload:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from autotune._cli import EXIT_INPUT, main
-from autotune._recommend import SCHEMA, write_atomic
+from autotune.cli._main import EXIT_INPUT, main
+from autotune.decide._recommend import SCHEMA, write_atomic
 
 ROOT = Path(__file__).resolve().parent.parent
 STUDIES = ROOT / "studies"
@@ -47,7 +47,7 @@ def test_study_start_unknown_workload(env):
     r = _run("study", "start", "--workload", "nosuch")
     assert r.exit_code == EXIT_INPUT == 2
     assert "error: no study spec for workload 'nosuch'" in r.output
-    assert "known: chat, code, random" in r.output
+    assert "known: chat, chat-llamacpp, code, code-llamacpp, code-smollm2, random" in r.output
 
 
 def test_study_start_invalid_spec_names_file_and_field(env, tmp_path):
@@ -109,7 +109,8 @@ def test_recommend_show_prints_the_decision(env):
     assert "add to vllm serve:  --speculative-config " \
            "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4, " \
            "\"prompt_lookup_min\": 2}'" in r.output
-    assert "speedup 3.00x, 95% CI 2.90-3.10; baseline 30.00 ms vs 10.00 ms median TPOT" in r.output
+    assert "winner vs no speculation: speedup 3.00x, 95% CI 2.90-3.10" in r.output
+    assert "median TPOT: no speculation 30.00 ms, winner 10.00 ms" in r.output
     assert "study autotune-code-0123abcd: 7 server starts" in r.output
     assert "expires 2025-05-08T03:00:00+00:00" in r.output
 

@@ -18,11 +18,12 @@ import httpx
 import pytest
 import yaml
 
-from autotune import _exporter, _history
-from autotune._daemon import Daemon, Pending
-from autotune._schedule import parse_cron, parse_duration, previous_fire
-from autotune._settings import Settings
-from autotune._store import Store
+from autotune.ops import _exporter
+from autotune.decide import _history
+from autotune.ops._daemon import Daemon, Pending
+from autotune.core._schedule import parse_cron, parse_duration, previous_fire
+from autotune.core._settings import Settings
+from autotune.core._store import Store
 
 from test_preflight import setup  # noqa: F401,E402  (fixture: a spec on a fake engine)
 

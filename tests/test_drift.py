@@ -11,11 +11,12 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from autotune import _drift, _gate
-from autotune import _telemetry as tel
-from autotune._cli import main
-from autotune._replayset import ReplayRequest, save
-from autotune._spec import DriftSpec
+from autotune.trust import _drift
+from autotune.trust import _gate
+from autotune.trust import _telemetry as tel
+from autotune.cli._main import main
+from autotune.traffic._replayset import ReplayRequest, save
+from autotune.core._spec import DriftSpec
 
 DATA = Path(__file__).parent / "data" / "telemetry"
 NOW = dt.datetime(2026, 11, 30, 3, 0, tzinfo=dt.timezone.utc)
@@ -118,7 +119,7 @@ def test_realized_within_and_flagged():
 @pytest.fixture
 def workload(tmp_path, monkeypatch):
     """A spec, its replay set, a production telemetry bundle and a recommendation made on them."""
-    monkeypatch.setattr("autotune._trust_cli.installed_vllm_version", lambda spec: "0.32.0+cpu")
+    monkeypatch.setattr("autotune.ops._runner.installed_vllm_version", lambda spec: "0.32.0+cpu")
     rs = save(tmp_path / "code.jsonl", reqs(8, 2))
     prod = tel.save(tmp_path / "prod.json", bundle())
     (tmp_path / "code.yaml").write_text(yaml.safe_dump({
@@ -172,9 +173,9 @@ def test_cli_mark_deployed_then_check(workload):
 
 
 def test_daemon_skips_the_study_only_when_opted_in_and_nothing_drifted(workload):
-    from autotune._daemon import Daemon
-    from autotune._settings import Settings
-    from autotune._spec import load_spec
+    from autotune.ops._daemon import Daemon
+    from autotune.core._settings import Settings
+    from autotune.core._spec import load_spec
 
     said = []
     d = Daemon(Settings(home=str(workload / "home")), echo=lambda m, err=False: said.append(m))

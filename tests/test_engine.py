@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 import textwrap
 import time
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune._engine import (
+from autotune.engines._engine import (
     ServerStartError,
     VllmServer,
     build_argv,
@@ -262,3 +263,57 @@ def test_nonexistent_executable(tmp_path):
 def test_stop_before_start_is_a_no_op(tmp_path):
     VllmServer(argv=["true"], port=free_port(), log_path=tmp_path / "x.log").stop()
 
+
+
+# --------------------------------------------------------------------------- probe cache
+def _fake_vllm(site: Path, version: str) -> None:
+    """A vllm package and its distribution metadata, as `pip install vllm==VERSION` leaves them."""
+    import shutil
+
+    for old in site.glob("vllm-*.dist-info"):
+        shutil.rmtree(old)
+    (site / "vllm" / "config").mkdir(parents=True, exist_ok=True)
+    (site / "vllm" / "__init__.py").write_text(
+        "import importlib.metadata, os\n__version__ = importlib.metadata.version('vllm')\n"
+        "open(os.environ['PROBE_COUNT'], 'a').write('x')\n")
+    (site / "vllm" / "config" / "__init__.py").write_text("")
+    fields = '    method: str = "ngram"\n    num_speculative_tokens: int = 1\n'
+    if version >= "0.2":
+        fields += "    enable_adaptive_verification: bool = False\n"
+    (site / "vllm" / "config" / "speculative.py").write_text(
+        "import dataclasses, typing\nSpeculativeMethod = typing.Literal['ngram']\n"
+        f"@dataclasses.dataclass\nclass SpeculativeConfig:\n{fields}")
+    dist = site / f"vllm-{version}.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n")
+
+
+def test_probe_cache_notices_a_vllm_upgrade(tmp_path):
+    from autotune.engines._probe import probe
+
+    site, cache, count = tmp_path / "site", tmp_path / "cache", tmp_path / "imports"
+    site.mkdir()
+    env = {"PYTHONPATH": str(site), "PROBE_COUNT": str(count)}
+    _fake_vllm(site, "0.1.0")
+    first = probe(sys.executable, env, cache_dir=cache)
+    again = probe(sys.executable, env, cache_dir=cache)
+    assert first.version == again.version == "0.1.0"
+    assert count.read_text() == "x"  # the second answer came from the cache: vLLM imported once
+    interpreter_mtime = os.stat(sys.executable).st_mtime
+    _fake_vllm(site, "0.2.0")  # `pip install -U vllm`: the interpreter is untouched
+    assert os.stat(sys.executable).st_mtime == interpreter_mtime
+    upgraded = probe(sys.executable, env, cache_dir=cache)
+    assert upgraded.version == "0.2.0" and "enable_adaptive_verification" in upgraded.fields
+    assert count.read_text() == "xx"
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in cache.glob("probe-*.json"))
+
+
+def test_probe_without_distribution_metadata_is_not_cached(tmp_path):
+    from autotune.engines._probe import probe
+
+    fake = tmp_path / "python"  # a probe that answers but has no importlib.metadata view of vLLM
+    fake.write_text("#!/bin/sh\necho 'AUTOTUNE_PROBE {\"version\": \"9.9\", \"methods\": [], \"fields\": [], "
+                    "\"arctic_inference\": false}'\n")
+    fake.chmod(0o755)
+    assert probe(str(fake), {}, cache_dir=tmp_path / "cache").version == "9.9"
+    assert list(tmp_path.glob("cache/probe-*.json")) == []

@@ -1,4 +1,10 @@
-"""Fidelity gate: the incumbent's replay against production's figures (saved real expositions)."""
+"""Fidelity gate: the incumbent's replay against production's figures (saved real expositions).
+
+Production is one server's window of code traffic (``before.prom`` -> ``after_code.prom``); the
+replay that must match it is ANOTHER server start on other code requests of the same workload
+(``replay_*``, captured by ``tests/data/telemetry/capture.py``); the replay that must not match
+is the same server's window of chat traffic.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +14,19 @@ from types import SimpleNamespace
 
 import pytest
 
-from autotune import _gate, _metrics
-from autotune import _telemetry as tel
-from autotune._spec import FidelityTolerances, ProductionSpec
+from autotune.core._spec import FidelityTolerances, ProductionSpec
+from autotune.engines import _metrics
+from autotune.trust import _gate
+from autotune.trust import _telemetry as tel
 
 DATA = Path(__file__).parent / "data" / "telemetry"
 TOL = FidelityTolerances().model_dump()
+REPLAY_CODE = ("replay_before.prom", "replay_after_code.prom", "replay_code_requests.json")
+# The two code windows come from server starts at different times and host loads (mean TPOT
+# 1.61 ms and 0.44 ms per token): timings are reported, not judged, in the tests that need the
+# replay to match; the counters, which greedy decoding makes deterministic, must agree.
+TIMINGS_NOT_JUDGED = {"tpot_p50": None, "tpot_p90": None, "tpot_mean": None, "itl_mean": None}
+PROD_CHAT = ("after_code.prom", "after_chat.prom", "chat_requests.json")
 
 
 def window(before: str, after: str) -> tuple[tel.Exposition, tel.Exposition]:
@@ -33,20 +46,24 @@ def prod() -> dict:
     return tel.derive(*window("before.prom", "after_code.prom"))
 
 
-def test_replay_of_the_same_window_matches_production(prod):
+def test_replay_on_another_server_of_the_same_traffic_matches_production(prod):
+    """Greedy decoding on the loop model accepts every draft of code traffic, on any server
+    start and any code request: the counters agree exactly; the timings within tolerance."""
     p = _gate.production_figures(prod)
-    r = _gate.replay_figures(measurement("before.prom", "after_code.prom", "code_requests.json"),
-                             prod["tpot_ms"]["bounds_ms"])
+    replay = measurement(*REPLAY_CODE)
+    assert replay["tpot_ms"] != json.loads((DATA / "code_requests.json").read_text())["tpot_ms"]  # another run
+    r = _gate.replay_figures(replay, prod["tpot_ms"]["bounds_ms"])
     for fig in ("acceptance_length", "coverage", "tokens_per_step", "deployed_k"):
         assert r[fig] == pytest.approx(p[fig]), fig
-    res = _gate.compare(p, r, {**TOL, "tpot_p50": 0.5, "tpot_p90": 0.5})
+    res = _gate.compare(p, r, {**TOL, **TIMINGS_NOT_JUDGED})
     assert res["passed"], res["off"]
+    judged = {c["figure"] for c in res["checks"]}
+    assert {"acceptance_length", "coverage", "tokens_per_step"} <= judged
 
 
 def test_replay_of_other_traffic_fails_naming_the_figure_and_by_how_much(prod):
     p = _gate.production_figures(prod)
-    r = _gate.replay_figures(measurement("after_code.prom", "after_chat.prom", "chat_requests.json"),
-                             prod["tpot_ms"]["bounds_ms"])
+    r = _gate.replay_figures(measurement(*PROD_CHAT), prod["tpot_ms"]["bounds_ms"])
     res = _gate.compare(p, r, TOL)
     assert not res["passed"]
     al = next(o for o in res["off"] if o.startswith("acceptance_length off"))
@@ -72,6 +89,29 @@ def test_compare_kinds_and_missing_figures():
     assert res["passed"]
 
 
+def test_too_few_compared_figures_fail_the_gate():
+    """A gate that could compare only two figures (the rest missing on one side or switched off)
+    has not shown that the replay measures production."""
+    p = {"acceptance_length": 3.0, "coverage": 0.50, "tokens_per_step": None, "tpot_p50": None, "tpot_p90": None,
+         "tpot_mean": None, "itl_mean": None, "deployed_k": 4}
+    res = _gate.compare(p, dict(p), TOL)
+    assert not res["passed"] and len(res["checks"]) == 2
+    assert res["off"][-1].startswith("only 2 figure(s) compared (acceptance_length, coverage; skipped: "
+                                     "tokens_per_step, tpot_p50")
+    assert _gate.compare(p, dict(p), TOL, min_figures=2)["passed"]
+
+
+def test_the_older_tpot_histogram_name_is_read_too(prod):
+    """vLLM before 0.32 names the TPOT histogram vllm:time_per_output_token_seconds."""
+    old_name = _metrics.TPOT_HISTOGRAMS[1]
+    texts = [(DATA / f).read_text().replace(_metrics.TPOT_HISTOGRAMS[0], old_name)
+             for f in ("before.prom", "after_code.prom")]
+    assert old_name in texts[1]
+    derived = tel.derive(tel.parse(texts[0]), tel.parse(texts[1]))
+    assert derived["tpot_ms"]["count"] == prod["tpot_ms"]["count"] > 0
+    assert derived["tpot_ms"]["p50"] == pytest.approx(prod["tpot_ms"]["p50"])
+
+
 def _study(tmp_path, prod_file, incumbent, trials):
     spec = SimpleNamespace(production=ProductionSpec(telemetry=str(prod_file)), incumbent=incumbent,
                            replay=SimpleNamespace(concurrency=4))
@@ -86,19 +126,17 @@ def test_check_study_gates_on_the_incumbent_trial(tmp_path):
     b = tel.bundle((DATA / "before.prom").read_text(), (DATA / "after_code.prom").read_text(), source="prod")
     f = tel.save(tmp_path / "prod.json", b)
     inc = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
-    from autotune._space import canonical
+    from autotune.search._space import canonical
 
     good = SimpleNamespace(number=1, user_attrs={"config_key": canonical(inc), "role": "search",
-                                                 "measurement": measurement("before.prom", "after_code.prom",
-                                                                            "code_requests.json")})
+                                                 "measurement": measurement(*REPLAY_CODE)})
     st = _study(tmp_path, f, inc, [good])
-    st.spec.production = ProductionSpec(telemetry=str(f), tolerances={"tpot_p50": 0.5, "tpot_p90": 0.5})
+    st.spec.production = ProductionSpec(telemetry=str(f), tolerances=TIMINGS_NOT_JUDGED)
     block = _gate.check_study(st)
     assert block["checked"] and block["passed"] and block["replay"]["trial"] == 1
     assert any("replay reproduces production" in line for line in _gate.lines(block))
     bad = SimpleNamespace(number=1, user_attrs={"config_key": canonical(inc), "role": "search",
-                                                "measurement": measurement("after_code.prom", "after_chat.prom",
-                                                                           "chat_requests.json")})
+                                                "measurement": measurement(*PROD_CHAT)})
     with pytest.raises(_gate.FidelityFailed) as e:
         _gate.check_study(_study(tmp_path, f, inc, [bad]))
     assert "acceptance_length off" in str(e.value)
@@ -111,8 +149,7 @@ def test_percentiles_inside_the_first_bucket_are_marked_unresolved(prod):
     """On this CPU the TPOT is under vLLM's first bucket (10 ms): p50/p90 read 5 and 9 ms on both
     sides whatever the values; the check says so, and the exact mean is compared as well."""
     p = _gate.production_figures(prod)
-    r = _gate.replay_figures(measurement("before.prom", "after_code.prom", "code_requests.json"),
-                             prod["tpot_ms"]["bounds_ms"])
+    r = _gate.replay_figures(measurement(*REPLAY_CODE), prod["tpot_ms"]["bounds_ms"])
     res = _gate.compare(p, r, TOL)
     c = {c["figure"]: c for c in res["checks"]}
     assert c["tpot_p50"]["bucket_limited"].startswith("both in the histogram's first bucket (0-10 ms)")
@@ -121,14 +158,15 @@ def test_percentiles_inside_the_first_bucket_are_marked_unresolved(prod):
 
 def _fake_study(tmp_path, monkeypatch, incumbent_window: tuple[str, str, str]):
     """A real Study (Optuna storage) whose trials return measurements made from the saved real
-    windows: the incumbent gets ``incumbent_window``, everything else the code window."""
+    windows: the incumbent gets ``incumbent_window``, everything else production's code window."""
     import yaml
 
-    from autotune import _replayset, _study
-    from autotune._probe import Capabilities
-    from autotune._space import SearchSpace
-    from autotune._spec import StudySpec
-    from autotune._trial import Measurement
+    from autotune.core._spec import StudySpec
+    from autotune.engines._probe import Capabilities
+    from autotune.search import _study
+    from autotune.search._space import SearchSpace
+    from autotune.search._trial import Measurement
+    from autotune.traffic import _replayset
 
     reqs = [_replayset.ReplayRequest(id=f"r{i}", endpoint="completions",
                                      body={"prompt": f"p{i}", "max_tokens": 64, "temperature": 0}) for i in range(72)]
@@ -140,8 +178,7 @@ def _fake_study(tmp_path, monkeypatch, incumbent_window: tuple[str, str, str]):
             "space": {"methods": ["ngram"], "k": {"min": 1, "max": 4},
                       "ngram": {"prompt_lookup_min": [2], "prompt_lookup_max": [4]}},
             "budget": {"max_trials": 3, "max_server_starts": 3}, "objective": {"confirm_starts": 0, "search": "grid"},
-            "incumbent": inc, "production": {"telemetry": str(prod), "tolerances": {"tpot_p50": 0.5, "tpot_p90": 0.5,
-                                                                                    "tpot_mean": 0.5}},
+            "incumbent": inc, "production": {"telemetry": str(prod), "tolerances": TIMINGS_NOT_JUDGED},
             "storage": f"sqlite:///{tmp_path / 'study.db'}", "recommendations_dir": str(tmp_path / "rec")}
     (tmp_path / "syn.yaml").write_text(yaml.safe_dump(data))
     spec = StudySpec.model_validate(data)
@@ -163,11 +200,11 @@ def _fake_study(tmp_path, monkeypatch, incumbent_window: tuple[str, str, str]):
                                                                      "prompt_lookup_min", "prompt_lookup_max"],
                         arctic_inference=False)
     return _study.Study(spec, caps, SearchSpace.build(spec.space, caps), spec.storage, ["vllm", "serve"],
-                        tmp_path / "home"), calls
+                        tmp_path / "home", fidelity_check=_gate.check_study), calls
 
 
 def test_study_stops_before_the_search_when_the_incumbent_replay_is_off(tmp_path, monkeypatch):
-    st, calls = _fake_study(tmp_path, monkeypatch, ("after_code.prom", "after_chat.prom", "chat_requests.json"))
+    st, calls = _fake_study(tmp_path, monkeypatch, PROD_CHAT)
     with pytest.raises(_gate.FidelityFailed) as e:
         st.run()
     assert len(calls) == 2  # the baseline and the incumbent: no server start spent on the search
@@ -175,7 +212,7 @@ def test_study_stops_before_the_search_when_the_incumbent_replay_is_off(tmp_path
 
 
 def test_study_goes_on_when_the_incumbent_replay_matches(tmp_path, monkeypatch):
-    st, calls = _fake_study(tmp_path, monkeypatch, ("before.prom", "after_code.prom", "code_requests.json"))
+    st, calls = _fake_study(tmp_path, monkeypatch, REPLAY_CODE)
     st.run()
     assert st.fidelity["passed"] and len(calls) == 3
 
@@ -193,9 +230,8 @@ def test_unreadable_production_telemetry_fails_before_any_server_start(setup):  
 
 
 def test_recommendation_trust_fields_from_the_gated_study(tmp_path, monkeypatch):
-    from autotune import _drift
-
-    st, _ = _fake_study(tmp_path, monkeypatch, ("before.prom", "after_code.prom", "code_requests.json"))
+    from autotune.trust import _drift
+    st, _ = _fake_study(tmp_path, monkeypatch, REPLAY_CODE)
     st.run()
     inc = st.spec.incumbent
     b = _drift.trust_blocks(st, {"speculative_config": inc}, st.fidelity)

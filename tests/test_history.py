@@ -6,17 +6,21 @@ from __future__ import annotations
 
 import errno
 import json
+import os
+import stat
 from pathlib import Path
 
 import optuna
 import pytest
 from click.testing import CliRunner
 
-from autotune import _history, _recommend
-from autotune._cli import main
-from autotune._space import canonical
-from autotune._spec import load_spec
-from autotune._store import Store
+from autotune.core import _files
+from autotune.decide import _history
+from autotune.decide import _recommend
+from autotune.cli._main import main
+from autotune.search._space import canonical
+from autotune.core._spec import load_spec
+from autotune.core._store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
@@ -67,12 +71,16 @@ def test_failed_write_changes_nothing(tmp_path, store, monkeypatch, how):
     if how == "disk_full":
         calls = []
 
-        def fsync(fd):
-            calls.append(fd)
-            if len(calls) == 2:  # the history copy fits, the current file does not
-                raise OSError(errno.ENOSPC, "No space left on device")
+        real_fsync = os.fsync
 
-        monkeypatch.setattr(_recommend.os, "fsync", fsync)
+        def fsync(fd):
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                calls.append(fd)
+                if len(calls) == 2:  # the history copy fits, the current file does not
+                    raise OSError(errno.ENOSPC, "No space left on device")
+            real_fsync(fd)
+
+        monkeypatch.setattr(_files.os, "fsync", fsync)
         exc = OSError
     elif how == "history_not_a_dir":
         (recs / "history").rename(tmp_path / "moved")
@@ -98,7 +106,7 @@ def test_failed_write_changes_nothing(tmp_path, store, monkeypatch, how):
 
 # ---- drift --------------------------------------------------------------------------------
 class _Study:
-    trials = __import__("autotune._study", fromlist=["Study"]).Study.trials
+    trials = __import__("autotune.search._study", fromlist=["Study"]).Study.trials
 
     def __init__(self, spec, frozen):
         self.spec = spec
@@ -135,8 +143,8 @@ def test_no_drift_when_incumbent_still_accepts_and_winner_is_the_same():
 def test_drift_when_the_winner_changes():
     st = _Study(_spec(NGRAM), [_trial(NGRAM, accepted=70, draft_tokens=100, drafts=25)])
     d = _history.drift_block(st, _payload(config=SUFFIX), _payload(config=NGRAM), threshold=0.4)
-    assert d["winner_changed"] and d["drifted"] and not d["acceptance_below_threshold"]
-    assert d["notes"] == ["recommended config changed: ngram K=4 -> suffix K=24 (decision change -> change)"]
+    assert d["winner_changed"] and not d["drifted"] and not d["acceptance_below_threshold"]  # a change, not drift
+    assert d["notes"] == ["recommended config changed: ngram K=4 w=2-4 -> suffix K=24 (decision change -> change)"]
 
 
 def test_unmeasured_incumbent_is_said():
@@ -154,7 +162,7 @@ def test_diff_lines_say_what_changed_and_why():
     lines = _history.diff_lines(old, new)
     assert lines[0] == "code: 2026-11-28T02:00:00+00:00 -> 2026-11-29T02:00:00+00:00"
     assert "  decision: change (unchanged)" in lines
-    assert "  speculative_config: ngram K=4 -> suffix K=24" in lines
+    assert "  speculative_config: ngram K=4 w=2-4 -> suffix K=24" in lines
     assert '    ~ method: "ngram" -> "suffix"' in lines and "    - prompt_lookup_min: 2" in lines
     assert "    + suffix_decoding_max_tree_depth: 24" in lines
     assert "  speedup: 2.50x -> 3.00x (CI 2.30-2.70 -> 2.80-3.20)" in lines
@@ -188,7 +196,7 @@ def test_recommend_diff_and_history_commands(env):
     r = CliRunner().invoke(main, ["recommend", "diff", "code"])
     assert r.exit_code == 0, r.output
     assert "  decision: change -> disable" in r.output
-    assert "  speculative_config: ngram K=4 -> no speculation" in r.output
+    assert "  speculative_config: ngram K=4 w=2-4 -> no speculation" in r.output
     assert "  drift: incumbent ngram K=4 accepts 0.20 of drafted tokens" in r.output
     h = CliRunner().invoke(main, ["recommend", "history", "code"])
     lines = h.output.splitlines()

@@ -1,4 +1,4 @@
-"""The replay's HTTP/1.1 client (``autotune._http``) against a scripted raw asyncio server:
+"""The replay's HTTP/1.1 client (``autotune.replay._http``) against a scripted raw asyncio server:
 body framings, keep-alive reuse, a stale keep-alive connection, protocol errors."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from autotune import _http
-from autotune._replay import run_closed_loop
-from autotune._replayset import ReplayRequest
+from autotune.replay import _http
+from autotune.replay._replay import run_closed_loop
+from autotune.traffic._replayset import ReplayRequest
 
 SSE = [b'data: {"choices":[{"index":0,"text":" a"}]}\n\n', b'data: {"choices":[{"index":0,"text":" b"}]}\n\n',
        b'data: {"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2}}\n\n', b"data: [DONE]\n\n"]

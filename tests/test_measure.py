@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from autotune._measure import (
+from autotune.core._measure import (
     STATISTICS,
     RatioCI,
     StallReport,
@@ -235,7 +235,7 @@ def test_bootstrap_errors():
 
 
 def test_weighted_statistic_weights_per_level_statistics():
-    from autotune._measure import weighted_statistic
+    from autotune.core._measure import weighted_statistic
 
     levels = {"1": [[1.0, 1.1, 0.9]], "32": [[10.0, 9.0], [11.0]]}
     assert weighted_statistic(levels, {"1": 0.25, "32": 0.75}, "median") == pytest.approx(0.25 * 1.0 + 0.75 * 10.0)
@@ -251,7 +251,7 @@ def test_weighted_ratio_ci_is_tight_where_the_mixture_median_is_not():
     """Two levels far apart, 50/50: a candidate 2x faster at level 1 and 1.1x slower at level 8.
     The weighted per-level median ratio has a tight interval around its true value; the median of
     the pooled mixture sits in the gap between the levels and its interval spans most of it."""
-    from autotune._measure import bootstrap_weighted_ratio_ci
+    from autotune.core._measure import bootstrap_weighted_ratio_ci
 
     rng = np.random.default_rng(3)
     base = {"1": [list(rng.normal(10.0, 0.3, 32))], "8": [list(rng.normal(20.0, 0.6, 32))]}

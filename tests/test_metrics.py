@@ -5,9 +5,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from autotune._metrics import Snapshot, delta, parse_exposition, scrape
-from autotune._replay import replay
-from autotune._replayset import ReplayRequest
+from autotune.engines._metrics import Snapshot, delta, parse_exposition, scrape
+from autotune.replay._replay import replay
+from autotune.traffic._replayset import ReplayRequest
 from autotune.testing import MockServer
 
 DATA = Path(__file__).parent / "data"

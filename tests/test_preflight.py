@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autotune import _replayset
-from autotune._lock import FileLock, gpu_lock_path
-from autotune._replayset import ReplayRequest
-from autotune._store import Store
+from autotune.traffic import _replayset
+from autotune.core._lock import FileLock, gpu_lock_path
+from autotune.traffic._replayset import ReplayRequest
+from autotune.core._store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
 FIELDS_032 = ["method", "num_speculative_tokens", "model", "prompt_lookup_min", "prompt_lookup_max",
@@ -225,7 +225,7 @@ def test_lock_is_released_when_its_holder_is_killed(tmp_path):
     path = tmp_path / "gpu-0.lock"
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import time
-        from autotune._lock import FileLock
+        from autotune.core._lock import FileLock
         FileLock({str(path)!r}).acquire(what="victim")
         print("held", flush=True)
         time.sleep(600)
@@ -266,8 +266,8 @@ def test_if_stale_rejects_a_bad_duration(setup):
 def test_nightly_samples_fresh_traffic_from_the_pool_first(setup):
     from _traffic_logs import chat_rows, write_jsonl
 
-    from autotune._traffic import import_paths
-    from autotune._workloads import Classifier
+    from autotune.traffic._traffic import import_paths
+    from autotune.traffic._workloads import Classifier
 
     f = write_jsonl(setup["dir"] / "logs" / "code.jsonl", chat_rows(80))
     import_paths([str(f)], setup["dir"] / "home", classifier=Classifier(force="code"))

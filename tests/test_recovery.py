@@ -16,8 +16,8 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune import _recovery
-from autotune._recovery import group_members, process_identity, reap_orphans, recover_trials
+from autotune.engines import _recovery
+from autotune.engines._recovery import group_members, process_identity, reap_orphans, recover_trials
 
 HEALTHY = """\
 import http.server, subprocess, sys
@@ -45,7 +45,7 @@ def test_server_of_a_killed_autotune_is_reaped(tmp_path):
     owner = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys, time
         from pathlib import Path
-        from autotune._engine import VllmServer, build_argv, free_port
+        from autotune.engines._engine import VllmServer, build_argv, free_port
         port = free_port()
         s = VllmServer(argv=build_argv([sys.executable, {str(script)!r}], "m", {{}}, None, port), port=port,
                        log_path=Path({str(tmp_path / 'server.log')!r}), pid_dir=Path({str(pid_dir)!r}),
@@ -71,7 +71,7 @@ def test_server_of_a_killed_autotune_is_reaped(tmp_path):
 def test_a_live_owners_server_is_left_alone(tmp_path):
     script = tmp_path / "server.py"
     script.write_text(HEALTHY)
-    from autotune._engine import VllmServer, build_argv, free_port
+    from autotune.engines._engine import VllmServer, build_argv, free_port
 
     port = free_port()
     s = VllmServer(argv=build_argv([sys.executable, str(script)], "m", {}, None, port), port=port,
@@ -133,3 +133,24 @@ def test_retries_stop_after_two(tmp_path):
     study.add_trial(failed)
     _recovery.retry(study, study.trials[-1])
     assert [t.state.name for t in study.trials] == ["FAIL"]
+
+
+def test_a_trial_on_another_host_that_stopped_its_heartbeat_is_failed_and_retried(tmp_path):
+    """The stale-heartbeat check reads Optuna's RDBStorage internals (pinned range in pyproject.toml):
+    this is the test that an Optuna upgrade must pass."""
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 's.db'}", heartbeat_interval=1, grace_period=1)
+    study = optuna.create_study(storage=storage, study_name="autotune-code-hb")
+    study.enqueue_trial({"method": "ngram"}, user_attrs={"role": "search", "config_key": "k1", "claim_key": "k1"})
+    t = study.ask()
+    t.suggest_categorical("method", ["none", "ngram"])
+    t.set_user_attr("owner", {"host": "another-host", "pid": 1, "start": 1})  # not ours to check by pid
+    tid = _recovery.trial_id(study, storage, t.number)
+    storage.record_heartbeat(tid)
+    assert recover_trials(study, storage) == []  # beating: left alone
+    time.sleep(2.5)  # the grace period passes without a heartbeat
+    assert recover_trials(study, storage) == [t.number]
+    failed = study.trials[t.number]
+    assert failed.state.name == "FAIL"
+    assert failed.user_attrs["error"] == ("interrupted: its autotune process (pid 1 on another-host) stopped sending "
+                                          "heartbeats during the trial; retried")
+    assert [x.user_attrs.get("retry_of") for x in study.trials if x.state.name == "WAITING"] == [t.number]

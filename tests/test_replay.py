@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune._replay import (
+from autotune.replay._replay import (
     DONE,
     ID_HEADER,
     ReplayRun,
@@ -15,7 +15,7 @@ from autotune._replay import (
     replay,
     run_closed_loop,
 )
-from autotune._replayset import ReplayRequest
+from autotune.traffic._replayset import ReplayRequest
 from autotune.testing import MockServer
 
 DATA = Path(__file__).parent / "data"

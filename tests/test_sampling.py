@@ -14,12 +14,12 @@ import pytest
 import yaml
 from _traffic_logs import T0, chat_rows, write_jsonl
 
-from autotune import _replayset
-from autotune._sampling import (_UNSET, PoolRow, SampleError, TokenCounter, Window, length_bucket, read_manifest,
+from autotune.traffic import _replayset
+from autotune.traffic._sampling import (_UNSET, PoolRow, SampleError, TokenCounter, Window, length_bucket, read_manifest,
                                 sample_rows, sample_workload)
-from autotune._spec import load_spec
-from autotune._traffic import ImportOptions, import_paths
-from autotune._workloads import Classifier
+from autotune.core._spec import load_spec
+from autotune.traffic._traffic import ImportOptions, import_paths
+from autotune.traffic._workloads import Classifier
 
 ROOT = Path(__file__).resolve().parent.parent
 

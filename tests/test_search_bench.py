@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from _synthetic import Workload, ngram
-from autotune._predict import canonical
+from autotune.search._predict import canonical
 
 ROOT = Path(__file__).resolve().parent.parent
 

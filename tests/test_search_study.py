@@ -11,18 +11,19 @@ import pytest
 import yaml
 
 from _synthetic import Workload, ngram
-from autotune import _replayset, _study
-from autotune._bands import BANDS_KEY, k_at
-from autotune._probe import Capabilities
-from autotune._space import NONE, SearchSpace, canonical
-from autotune._spec import StudySpec
-from autotune._trial import Measurement
+from autotune.traffic import _replayset
+from autotune.search import _study
+from autotune.search._bands import BANDS_KEY, k_at
+from autotune.engines._probe import Capabilities
+from autotune.search._space import NONE, SearchSpace, canonical
+from autotune.core._spec import StudySpec
+from autotune.search._trial import Measurement
 
 RATES = [0.9 * 0.75 ** i for i in range(8)]
 FIELDS = ["method", "num_speculative_tokens", "model", "prompt_lookup_min", "prompt_lookup_max", BANDS_KEY]
 
 
-def make_spec(tmp_path, search="predictor", levels=None, bands=False, budget=None) -> StudySpec:
+def make_spec(tmp_path, search="predictor", levels=None, bands=False, budget=None, objective=None) -> StudySpec:
     reqs = [_replayset.ReplayRequest(id=f"r{i}", endpoint="completions",
                                      body={"prompt": f"p{i}", "max_tokens": 64, "temperature": 0}, ts=1000.0 + i)
             for i in range(80)]
@@ -35,7 +36,7 @@ def make_spec(tmp_path, search="predictor", levels=None, bands=False, budget=Non
         "space": {"methods": ["ngram"], "k": {"min": 1, "max": 8},
                   "ngram": {"prompt_lookup_min": [1], "prompt_lookup_max": [4]}, "bands": {"enabled": bands}},
         "budget": budget or {"max_trials": 12, "max_server_starts": 14, "max_wall_minutes": 10},
-        "objective": {"confirm_starts": 1, "search": search},
+        "objective": {"confirm_starts": 1, "search": search, **(objective or {})},
         "engine": {"serve_args": {"max_num_seqs": 8}},
         "storage": f"sqlite:///{tmp_path / 'study.db'}", "recommendations_dir": str(tmp_path / "rec")}
     (tmp_path / "syn.yaml").write_text(yaml.safe_dump(data))
@@ -83,14 +84,15 @@ def run_study(tmp_path, monkeypatch, w, spec, caps_fields=FIELDS):
     return study, outcome, fm
 
 
-def test_predictor_search_finds_the_grid_winner_in_a_third_of_the_starts(tmp_path, monkeypatch):
+def test_predictor_search_finds_the_grid_winner_in_under_half_of_the_starts(tmp_path, monkeypatch):
     w = Workload(rates=RATES)
     study, outcome, fm = run_study(tmp_path, monkeypatch, w, make_spec(tmp_path))
     truth = {k: w.tpot(ngram(k), 4) for k in range(1, 9)}
     best = study.best()
     assert truth[best.user_attrs["config"]["num_speculative_tokens"]] <= min(truth.values()) * 1.03
     search = [t for t in study.trials() if t.user_attrs["role"] in ("baseline", "search")]
-    assert len(search) <= 9 / 3, [t.user_attrs["config_key"] for t in search]  # the grid: 9 configurations
+    # the grid: 9 configurations; baseline, K_max, the predicted best, and one neighbour of it checked
+    assert len(search) <= 4, [t.user_attrs["config_key"] for t in search]
     assert outcome.stopped_because.startswith("predictor: no remaining candidate")
     chosen = [t for t in search if "predicted_tpot_ms" in t.user_attrs]
     assert chosen, "the predictor chose no start"
@@ -132,8 +134,7 @@ def test_bands_are_searched_verified_and_confirmed(tmp_path, monkeypatch):
     assert confirm and confirm[0].user_attrs["config"] == best.user_attrs["config"]
     assert fm.calls[-1] == best.user_attrs["config"] or fm.calls[-2] == best.user_attrs["config"]
     # the file lists each level: the schedule deployed, its speedup where it speculates
-    from autotune import _recommend
-
+    from autotune.decide import _recommend
     rec = _recommend.build(study, _recommend.decide(study), outcome)
     # decided on the traffic-weighted per-level median, whose interval is tight; the median of the
     # pooled 50/50 mixture fell in the gap between the levels (CI 0.74-4.08: "keep")
@@ -156,8 +157,7 @@ def test_bands_not_in_vllm_are_not_searched(tmp_path, monkeypatch):
 
 def test_report_from_the_study(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
-    from autotune import _report
-
+    from autotune.report import _report
     w = Workload(rates=RATES, levels={1: (10.0, 0.5, 0.2), 8: (14.0, 10.0, 12.0)})
     spec = make_spec(tmp_path, levels={1: 0.5, 8: 0.5}, bands=True)
     study, outcome, fm = run_study(tmp_path, monkeypatch, w, spec)
@@ -171,7 +171,7 @@ def test_report_from_the_study(tmp_path, monkeypatch):
     # the command line: the workload's latest study from the spec's storage
     from click.testing import CliRunner
 
-    from autotune._cli import main
+    from autotune.cli._main import main
 
     res = CliRunner().invoke(main, ["report", "syn", "--spec", str(tmp_path / "syn.yaml"), "--out",
                                     str(tmp_path / "cli-report")], env={"AUTOTUNE__HOME": str(tmp_path / "home")})
@@ -182,8 +182,98 @@ def test_report_from_the_study(tmp_path, monkeypatch):
 def test_report_without_matplotlib_says_how_to_install(monkeypatch, tmp_path):
     import sys
 
-    from autotune import _report
-
+    from autotune.report import _report
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails as if not installed
     with pytest.raises(_report.ReportError, match=r"autotune\[report\]"):
         _report.build("s", [], {}, tmp_path)
+
+
+def test_the_search_is_one_optuna_optimize_ended_by_the_samplers_stop(tmp_path, monkeypatch):
+    """The predictor is an Optuna sampler: its stop is a study.stop() on a trial that starts no
+    server, and the stored study reads back as a plain Optuna study (any storage, the dashboard)."""
+    from autotune.search._sampler import CandidateSampler
+
+    spec = make_spec(tmp_path)
+    study, outcome, fm = run_study(tmp_path, monkeypatch, Workload(rates=RATES), spec)
+    assert isinstance(study.study.sampler, CandidateSampler)
+    assert isinstance(study.study.sampler, optuna.samplers.BaseSampler)
+    plain = optuna.load_study(study_name=study.name, storage=spec.storage)
+    stops = [t for t in plain.trials if t.user_attrs.get("stop")]
+    assert len(stops) == 1 and stops[0].state == optuna.trial.TrialState.PRUNED
+    assert stops[0].user_attrs["stop"] == outcome.stopped_because
+    assert plain.user_attrs["stopped_because"] == outcome.stopped_because
+    assert not any(t.number > stops[0].number and t.user_attrs.get("role") == "search" for t in plain.trials)
+    assert len(fm.calls) == study.server_starts()  # the stop trial started nothing
+    measured = [t for t in plain.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert all(t.params["method"] in (NONE, "ngram") for t in measured)
+    assert all(t.params.get("ngram.k") == t.user_attrs["config"]["num_speculative_tokens"]
+               for t in measured if t.user_attrs["config"])
+
+
+@pytest.mark.parametrize("search", ["grid", "random"])
+def test_grid_and_random_samplers_measure_every_candidate_once_then_stop(tmp_path, monkeypatch, search):
+    spec = make_spec(tmp_path, search=search)
+    study, outcome, fm = run_study(tmp_path, monkeypatch, Workload(rates=RATES), spec)
+    ks = [t.user_attrs["config"]["num_speculative_tokens"] for t in study.trials(role="search")]
+    assert sorted(ks) == list(range(1, 9))  # every candidate, none twice
+    assert outcome.stopped_because in (f"{search}: every candidate was measured",
+                                       "every configuration in the space was measured")
+    if search == "grid":  # K=8 first (each method at its largest K), then ascending
+        assert ks[1:] == sorted(ks[1:])
+
+
+def _with_objective(spec, **kw):
+    return spec.model_copy(update={"objective": spec.objective.model_copy(update=kw)})
+
+
+def test_confirmation_interleaves_baseline_incumbent_and_winner_and_goes_on_while_open(tmp_path, monkeypatch):
+    w = Workload(rates=RATES)
+    base = make_spec(tmp_path, budget={"max_trials": 4, "max_server_starts": 30, "max_wall_minutes": 10})
+    spec = _with_objective(base, confirm_max_starts=3).model_copy(update={"incumbent": ngram(1)})
+    caps = Capabilities(version="0.32.0", methods=["ngram"], fields=FIELDS, arctic_inference=False)
+    fm = fake_measure(w)
+    monkeypatch.setattr(_study, "measure", fm)
+    study = _study.Study(spec, caps, SearchSpace.build(spec.space, caps), spec.storage, ["vllm", "serve"],
+                         tmp_path / "home")
+    looks = []
+    study.confirm_open = lambda: looks.append(len(study.trials(role="confirm"))) or True  # always open
+    study.run()
+    winner = study.best(search_only=True).user_attrs["config_key"]
+    assert winner != canonical(ngram(1))
+    order = [t.user_attrs["config_key"] for t in sorted(study.trials(role="confirm"), key=lambda t: t.number)]
+    assert order == [NONE, canonical(ngram(1)), winner] * 3  # three interleaved rounds
+    assert looks == [3, 6]  # asked before each round beyond confirm_starts, never past confirm_max_starts
+    study.confirmation, looks[:] = {}, []
+    study.confirm()  # a rerun: the rounds already measured count, none is run again, nothing to ask
+    assert study.confirmation["rounds"] == 3 and looks == [] and len(study.trials(role="confirm")) == 9
+    assert study.confirmation["rounds"] == 3 and study.confirmation["skipped"] is None
+
+
+def test_a_confirmation_the_budget_cannot_pay_is_recorded_as_skipped(tmp_path, monkeypatch):
+    w = Workload(rates=RATES)
+    spec = make_spec(tmp_path, budget={"max_trials": 4, "max_server_starts": 4, "max_wall_minutes": 10})
+    study, outcome, fm = run_study(tmp_path, monkeypatch, w, spec)
+    # the search leaves 2 starts for one round (baseline, winner); a resumed run finds none left
+    assert study.confirmation["rounds"] == 1 and study.confirmation["skipped"] is None
+    study.spec = _with_objective(spec, confirm_starts=2)
+    study.confirm()
+    assert study.confirmation["skipped"] == "the server-start budget (4) was spent after 1 of 2 confirmation rounds"
+
+
+def test_the_predictor_carries_the_known_start_to_start_noise(tmp_path, monkeypatch):
+    """The spec's recorded A/A figure (and, through the runner, earlier nights) is the prior of
+    the predictor's noise: a host known to be noisy gets wider intervals for the same trials."""
+    w = Workload(rates=RATES)
+    quiet_dir, noisy_dir = tmp_path / "quiet", tmp_path / "noisy"
+    widths = {}
+    for d, cv in ((quiet_dir, 0.01), (noisy_dir, 0.2)):
+        d.mkdir()
+        spec = make_spec(d, budget={"max_trials": 3, "max_server_starts": 5, "max_wall_minutes": 10},
+                         objective={"start_noise": {"cv": cv, "df": 40}})
+        study, outcome, fm = run_study(d, monkeypatch, w, spec)
+        assert study.sampler.noise_prior == (cv, 40)
+        table = study.study.user_attrs["predictor"]["table"]
+        widths[cv] = {r["k"]: r["predicted_ci"][1] - r["predicted_ci"][0] for r in table}
+    assert all(widths[0.2][k] > 2 * widths[0.01][k] for k in widths[0.01])
+    study.sampler.set_noise_prior(0.07, 60)  # what the runner passes: A/A prior pooled with earlier nights
+    assert study.sampler.noise_prior == (0.07, 60)

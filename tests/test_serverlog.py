@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from autotune._serverlog import added, engine_note_lines, register, scan, PATTERNS
+from autotune.engines._serverlog import added, engine_note_lines, register, scan, PATTERNS
 
 ROOT = Path(__file__).resolve().parent.parent
 POINTS = ROOT / "benchmarks" / "results" / "h200-points-2026-11-30-r2.jsonl"

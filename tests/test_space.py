@@ -5,9 +5,9 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from autotune._probe import Capabilities
-from autotune._space import NONE, SearchSpace, canonical
-from autotune._spec import SpaceSpec
+from autotune.engines._probe import Capabilities
+from autotune.search._space import NONE, SearchSpace, canonical
+from autotune.core._spec import SpaceSpec
 
 ALL_FIELDS = ["method", "num_speculative_tokens", "model", "prompt_lookup_min", "prompt_lookup_max",
               "suffix_decoding_max_tree_depth", "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob"]

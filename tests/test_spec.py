@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune._spec import SpecError, find_spec, load_spec
+from autotune.core._spec import SpecError, find_spec, load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 STUDIES = ROOT / "studies"
@@ -235,7 +235,7 @@ def test_find_spec_error_lists_known_workloads(tmp_path):
         find_spec("nosuch", STUDIES)
     msg = str(ei.value)
     assert "'nosuch'" in msg and str(STUDIES) in msg
-    assert "known: chat, code, random" in msg
+    assert "known: chat, chat-llamacpp, code, code-llamacpp, code-smollm2, random" in msg
 
     (tmp_path / "zeta.yml").write_text(VALID)
     (tmp_path / "alpha.yaml").write_text(VALID)

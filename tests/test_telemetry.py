@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from autotune import _telemetry as tel
-from autotune._cli import main
+from autotune.trust import _telemetry as tel
+from autotune.cli._main import main
 
 DATA = Path(__file__).parent / "data" / "telemetry"
 
@@ -47,23 +47,37 @@ def test_parse_keeps_histogram_buckets_gauges_and_labels():
     assert e.snapshot.per_position and sorted(e.snapshot.per_position) == [0, 1, 2, 3]
 
 
-def test_code_window_figures_follow_from_the_counters(code_window):
+# What the captured window must show, from how it was made rather than from the code's formulas:
+# 64 greedy code requests of exactly 64 tokens (the loop model never stops early) on the loop
+# model, whose continuation is in the prompt, with ngram K=4: every drafted token is accepted, so
+# each decode step yields K+1 = 5 tokens, and a request's 63 tokens after its first take
+# ceil(63 / 5) = 13 steps (12 full ones and a last one that max_tokens cuts to 3 tokens).
+N, MAX_TOKENS, K = 64, 64, 4
+STEPS_PER_REQUEST = math.ceil((MAX_TOKENS - 1) / (K + 1))
+
+
+def test_code_window_figures_are_what_the_loop_model_must_give(code_window):
     d = code_window
-    assert d["deployed_k"] == 4
-    assert d["requests_started"] == 64 and d["requests_finished"] == 64
-    g, n, a = d["generated_tokens"], d["requests_started"], d["accepted_tokens"]
-    assert d["acceptance_length"] == pytest.approx(1 + a / d["drafts"])
-    # decode steps = ITL observations (one per decode step of a request); G - N - A counts too few
-    # because the drafts of a request's last step that max_tokens cuts off count as accepted
-    assert d["decode_steps"] == d["itl_ms"]["count"] > g - n - a
-    assert d["tokens_per_step"] == pytest.approx((g - n) / d["decode_steps"])
-    assert 0 < d["coverage"] <= 1
-    rates = d["per_position_rates"]
-    assert all(x >= y for x, y in zip(rates, rates[1:])), rates  # a position needs every earlier one
-    assert d["tpot_ms"]["count"] == 64
+    assert d["deployed_k"] == K
+    assert d["requests_started"] == d["requests_finished"] == N
+    assert d["generated_tokens"] == N * MAX_TOKENS
+    assert d["per_position_rates"] == [1.0] * K and d["coverage"] == 1.0
+    assert d["acceptance_length"] == K + 1
+    assert d["decode_steps"] == N * STEPS_PER_REQUEST == d["itl_ms"]["count"]
+    assert d["tokens_per_step"] == pytest.approx((MAX_TOKENS - 1) / STEPS_PER_REQUEST)
+    assert d["tpot_ms"]["count"] == N
     assert 0 < d["tpot_ms"]["p50"] <= d["tpot_ms"]["p90"]
     assert 0 < d["ttft_ms"]["p50"] <= d["ttft_ms"]["p90"]
     assert d["preemptions"] == 0
+
+
+def test_tpot_and_itl_histograms_see_the_same_decode_time(code_window):
+    """vLLM observes one TPOT per request (its decode time / 63 tokens) and one ITL per decode
+    step (13 per request), both from the same engine timestamps: the sums agree, so the means
+    are in the ratio 13 : 63, whatever the host's speed."""
+    d = code_window
+    assert d["tpot_ms"]["mean"] * N * (MAX_TOKENS - 1) == pytest.approx(d["itl_ms"]["mean"] * d["decode_steps"],
+                                                                         rel=1e-6)
 
 
 def test_code_traffic_suits_ngram_far_better_than_chat(code_window, chat_window):
@@ -92,13 +106,16 @@ def test_binned_values_read_like_the_histogram():
     assert tel.quantile(0.5, b) == pytest.approx(25.0)
 
 
-def test_client_tpots_of_the_window_fall_where_the_server_histogram_says(code_window):
+def test_client_tpots_binned_give_the_server_histograms_bucket_counts():
+    """The client's TPOTs of the window, counted into the server's buckets, give the server's
+    own counts bucket by bucket: the same 64 requests, on either clock under 10 ms per token."""
     req = json.loads(text("code_requests.json"))
-    d = code_window
-    b = tel.binned(req["tpot_ms"], d["tpot_ms"]["bounds_ms"])
-    # same requests, client clock vs engine clock, read through the same buckets
-    assert tel.quantile(0.5, b) == pytest.approx(d["tpot_ms"]["p50"], rel=0.3)
-    assert sum(req["tpot_ms"]) / len(req["tpot_ms"]) == pytest.approx(d["tpot_ms"]["mean"], rel=0.5)
+    before, after = tel.parse(text("before.prom")), tel.parse(text("after_code.prom"))
+    server = tel.bucket_delta(before, after, tel.TPOT)
+    bounds_ms = [le * 1000 for le, _ in server if not math.isinf(le)]
+    client = tel.binned(req["tpot_ms"], bounds_ms)
+    assert [c for _, c in client] == [c for _, c in server]
+    assert len(req["tpot_ms"]) == N
 
 
 def test_counters_going_down_mean_a_restart(code_window):

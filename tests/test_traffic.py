@@ -12,10 +12,10 @@ import pytest
 import yaml
 from _traffic_logs import (CODE_TEXT, RULES_YAML, T0, chat_rows, gateway_lines, write_gz, write_jsonl)
 
-from autotune import _traffic
-from autotune._spec import SpecError, StudySpec, load_spec
-from autotune._traffic import ImportOptions, TrafficError, import_paths, parse_ts
-from autotune._workloads import Classifier, explicit_tag, looks_like_code
+from autotune.traffic import _traffic
+from autotune.core._spec import SpecError, StudySpec, load_spec
+from autotune.traffic._traffic import ImportOptions, TrafficError, import_paths, parse_ts
+from autotune.traffic._workloads import Classifier, explicit_tag, looks_like_code
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -12,8 +12,8 @@ import yaml
 from _traffic_logs import RULES_YAML, T0, chat_rows, gateway_lines, write_gz, write_jsonl
 from click.testing import CliRunner
 
-from autotune import _replayset
-from autotune._cli import main
+from autotune.traffic import _replayset
+from autotune.cli._main import main
 
 ROOT = Path(__file__).resolve().parent.parent
 

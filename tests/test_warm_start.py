@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from autotune._probe import Capabilities
-from autotune._runner import _warm_start
-from autotune._space import SearchSpace
-from autotune._spec import load_spec
-from autotune._study import _in_space, _params_of
+from autotune.core._spec import load_spec
+from autotune.engines._probe import Capabilities
+from autotune.ops._runner import _warm_start
+from autotune.search._space import SearchSpace
+from autotune.search._space import in_space as _in_space
+from autotune.search._space import params_of as _params_of
 
 ROOT = Path(__file__).resolve().parent.parent
 CAPS = Capabilities(version="0.32.0", methods=["ngram", "suffix", "draft_model"], arctic_inference=True,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune._space import NONE, canonical
+from autotune.search._space import NONE, canonical
 
 pytestmark = pytest.mark.vllm
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,6 +58,16 @@ def grid_point(g: list[dict], config: dict | None) -> tuple[float, float]:
     return (lo["tpot_ms"] + hi["tpot_ms"]) / 2, max(noise(lo), noise(hi))
 
 
+def measured(tmp_path: Path) -> list[dict]:
+    """The configurations the study measured to completion (``None``: no speculation)."""
+    import optuna
+
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    (summary,) = optuna.get_all_study_summaries(url)
+    return [t.user_attrs["config"] for t in optuna.load_study(study_name=summary.study_name, storage=url).get_trials()
+            if t.state.name == "COMPLETE"]
+
+
 def run_study(spec: Path, tmp_path: Path) -> dict:
     env = {**os.environ, "AUTOTUNE__HOME": str(tmp_path / "home")}
     proc = subprocess.run([sys.executable, "-m", "autotune", "study", "start", "--workload", spec.stem,
@@ -75,6 +85,10 @@ def test_ngram_mid_study_finds_the_grids_middle_k(make_spec, tmp_path):
                      budget__max_server_starts=6, objective__confirm_starts=1)
     rec = run_study(spec, tmp_path)
     assert rec["decision"] == "change", rec["reason"]
+    k = rec["speculative_config"]["num_speculative_tokens"]
+    # not the edge of the space (K=8 is within the grid's noise of the best: the check below alone
+    # would accept the answer this workload exists to rule out), nor the other edge
+    assert rec["speculative_config"]["method"] == "ngram" and 1 < k < 8, rec["speculative_config"]
     tpot, chosen_noise = grid_point(g, rec["speculative_config"])
     assert tpot <= best["tpot_ms"] * (1 + noise(best) + chosen_noise), (rec["speculative_config"], tpot, best)
     assert rec["study"]["server_starts"] <= 6
@@ -88,3 +102,11 @@ def test_nospec_study_keeps_no_speculation(make_spec, tmp_path):
     rec = run_study(spec, tmp_path)
     assert rec["decision"] in ("keep", "disable"), rec["reason"]
     assert rec["speculative_config"] is None
+    # kept because speculation measured no faster, not because no speculative trial completed
+    spec_measured = [c for c in measured(tmp_path) if c]
+    assert spec_measured, "no speculative configuration was measured"
+    ev = rec["evidence"]
+    if "winner" in ev:  # a candidate passed the guards and is not faster
+        assert ev["winner"]["config"] in spec_measured and ev["speedup_ci"][0] <= 1.0, ev
+    else:  # every measured candidate was refused by a guard (e.g. the throughput floor)
+        assert ev["keep_reason"] == "no candidate" and "passed the guards" in rec["reason"], ev

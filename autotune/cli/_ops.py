@@ -1,0 +1,225 @@
+"""Commands for running autotune unattended and for SREs: daemon, worker, exporter, db, and
+`recommend diff` / `recommend history`. Each is registered in ``cli._main`` with one line.
+
+Exit codes are the runner's (``autotune.ops._runner``): 0 ok, 2 bad input, 3 engine or database
+unusable, 4 not writable, 75 busy (GPU or daemon lock held), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from autotune.cli._common import EXIT_ENGINE, fail, print_event
+from autotune.core._settings import get_settings
+
+
+# ---- daemon -------------------------------------------------------------------------------
+@click.group("daemon")
+def daemon() -> None:
+    """Nightly retuning of every scheduled workload, unattended."""
+
+
+@daemon.command("run")
+@click.option("--workload", "-w", "workloads", multiple=True, help="only these workloads (default: every spec "
+              "with an enabled schedule)")
+@click.option("--now", "run_now", is_flag=True, help="also run every workload once at startup")
+@click.option("--metrics-addr", help="exporter bind address (default AUTOTUNE__METRICS_ADDR, 127.0.0.1)")
+@click.option("--metrics-port", type=int, help="exporter port (default AUTOTUNE__METRICS_PORT, 9464; 0 = any)")
+@click.option("--no-metrics", is_flag=True, help="no Prometheus exporter")
+def daemon_run(workloads, run_now, metrics_addr, metrics_port, no_metrics) -> None:
+    """Schedule each workload's nightly study (spec `schedule.cron`) and run them one at a time.
+    SIGTERM stops the running study cleanly and exits 0; a second daemon on the GPU exits 75."""
+    from autotune.ops._daemon import Daemon
+
+    settings = get_settings()
+    update = {k: v for k, v in (("metrics_addr", metrics_addr), ("metrics_port", metrics_port)) if v is not None}
+    settings = settings.model_copy(update=update)
+    sys.exit(Daemon(settings, list(workloads), run_now=run_now, metrics=not no_metrics,
+                    echo=lambda m, err=False: click.echo(m, err=err), on_event=print_event).run())
+
+
+# ---- worker -------------------------------------------------------------------------------
+@click.command("worker")
+@click.option("--workload", "-w", required=True)
+@click.option("--spec", "spec_path", type=click.Path(dir_okay=False))
+@click.option("--storage", help="the shared Optuna storage (PostgreSQL URL) of the study")
+@click.option("--study-name", help="join this study (default: the one the same inputs name)")
+@click.option("--wait", "wait_for_gpu", is_flag=True, help="wait for this host's GPU lock instead of exiting 75")
+def worker(workload, spec_path, storage, study_name, wait_for_gpu) -> None:
+    """Join a workload's study from another host (or GPU): run trials under this GPU's lock,
+    share the search through the storage; the leader (`study start`/daemon) confirms and decides."""
+    from autotune.ops._runner import RunRequest, run
+
+    sys.exit(run(RunRequest(workload=workload, spec_path=spec_path, storage=storage, study_name=study_name,
+                            wait_for_gpu=wait_for_gpu, kind="worker", worker=True), on_event=print_event))
+
+
+# ---- exporter -----------------------------------------------------------------------------
+@click.command("exporter")
+@click.option("--storage", "storages", multiple=True, help="database URL(s) (default: every spec's storage)")
+@click.option("--addr", help="bind address (default AUTOTUNE__METRICS_ADDR, 127.0.0.1)")
+@click.option("--port", type=int, help="port (default AUTOTUNE__METRICS_PORT, 9464)")
+def exporter(storages, addr, port) -> None:
+    """Serve the Prometheus metrics alone (for cron-driven setups without the daemon)."""
+    import threading
+
+    from autotune.core._signals import graceful_stop
+    from autotune.ops import _exporter
+
+    settings = get_settings()
+    urls = set(storages) or _spec_storages(settings)
+    srv, _ = _exporter.serve(urls, addr or settings.metrics_addr, port if port is not None else settings.metrics_port)
+    click.echo(f"metrics on http://{addr or settings.metrics_addr}:{srv.server_port}/metrics")
+    try:
+        with graceful_stop():
+            threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        srv.shutdown()
+
+
+def _spec_storages(settings) -> set[str]:
+    from pathlib import Path
+
+    from autotune.core._spec import SpecError, load_spec
+    from autotune.ops._runner import storage_for
+
+    urls = set()
+    for p in sorted(Path(settings.studies_dir).glob("*.y*ml")):
+        try:
+            urls.add(storage_for(load_spec(p), None, settings))
+        except SpecError:
+            continue
+    if not urls:  # no spec: the default database in AUTOTUNE__HOME
+        urls.add(settings.storage or f"sqlite:///{Path(settings.home).resolve() / 'autotune.db'}")
+    return urls
+
+
+# ---- db -----------------------------------------------------------------------------------
+@click.group("db")
+def db() -> None:
+    """autotune's own tables: migrations and SRE reports (autotune/core/sql/)."""
+
+
+def _store_for(storage: str | None):
+    from autotune.core._store import Store, StoreError
+
+    settings = get_settings()
+    url = storage or sorted(_spec_storages(settings))[0]
+    try:
+        return Store(url)
+    except StoreError as e:
+        fail(str(e), EXIT_ENGINE)
+
+
+@db.command("migrate")
+@click.option("--storage", help="database URL (default: the first spec's storage)")
+def db_migrate(storage) -> None:
+    """Apply pending migrations from autotune/core/sql/migrations (also done at every start)."""
+    from autotune.core._store import StoreError, migrate, safe_url
+
+    settings = get_settings()
+    url = storage or sorted(_spec_storages(settings))[0]
+    try:
+        done = migrate(url)
+    except StoreError as e:
+        fail(str(e), EXIT_ENGINE)
+    click.echo(f"{safe_url(url)}: " + (f"applied {', '.join(map(str, done))}" if done else "up to date"))
+
+
+@db.command("report")
+@click.argument("name")
+@click.option("--storage", help="database URL (default: the first spec's storage)")
+@click.option("--json", "as_json", is_flag=True)
+def db_report(name, storage, as_json) -> None:
+    """Run the shipped report NAME: latest_recommendations, recommendation_history, failures, runs."""
+    from autotune.core._store import StoreError
+
+    store = _store_for(storage)
+    try:
+        rows = store.report(name)
+    except StoreError as e:
+        fail(str(e))
+    if as_json:
+        click.echo(json.dumps(rows, indent=2, default=str))
+        return
+    if not rows:
+        click.echo("(no rows)")
+        return
+    cols = list(rows[0])
+    width = {c: min(60, max(len(c), *(len(_cell(r[c])) for r in rows))) for c in cols}
+    click.echo("  ".join(c.ljust(width[c]) for c in cols))
+    for r in rows:
+        click.echo("  ".join(_cell(r[c])[:width[c]].ljust(width[c]) for c in cols))
+
+
+def _cell(v) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+
+# ---- recommend diff / history -----------------------------------------------------------------
+def _history_for(workload: str, storage: str | None):
+    from autotune.core._spec import SpecError, find_spec, load_spec
+    from autotune.core._store import Store, StoreError
+    from autotune.decide import _history
+    from autotune.ops._runner import recommendations_dir, storage_for
+
+    settings = get_settings()
+    try:
+        spec = load_spec(find_spec(workload, settings.studies_dir))
+    except SpecError as e:
+        fail(str(e))
+    try:
+        store = Store(storage_for(spec, storage, settings))
+    except StoreError:
+        store = None  # the history files still answer
+    return _history.history(workload, recommendations_dir(spec, settings), store)
+
+
+@click.command("diff")
+@click.argument("workload")
+@click.option("--from", "old_id", help="recommendation id to compare from (default: the one before the latest)")
+@click.option("--to", "new_id", help="recommendation id to compare to (default: the latest)")
+@click.option("--storage")
+def recommend_diff(workload, old_id, new_id, storage) -> None:
+    """What changed between two recommendations of a workload, and why."""
+    from autotune.decide import _history
+    h = _history_for(workload, storage)
+    if len(h) < 2 and not (old_id and new_id):
+        fail(f"workload {workload!r} has {len(h)} recommendation(s) in its history; a diff needs two")
+
+    def pick(rid, default):
+        if rid is None:
+            return default
+        found = [r for r in h if str(r.get("id", "")).startswith(rid)]
+        if not found:
+            fail(f"no recommendation {rid!r} for {workload!r}")
+        return found[0]
+
+    new = pick(new_id, h[0])
+    old = pick(old_id, h[h.index(new) + 1] if new in h and h.index(new) + 1 < len(h) else None)
+    if old is None:
+        fail(f"no recommendation before {new.get('id')}")
+    for line in _history.diff_lines(old, new):
+        click.echo(line)
+
+
+@click.command("history")
+@click.argument("workload")
+@click.option("--storage")
+def recommend_history(workload, storage) -> None:
+    """Every recommendation of a workload, newest first."""
+    from autotune.decide._history import fmt_config
+
+    for r in _history_for(workload, storage):
+        ev = r.get("evidence") or {}
+        drift = r.get("drift") or {}
+        sp = f" speedup {ev['speedup']:.2f}x" if isinstance(ev.get("speedup"), (int, float)) else ""
+        click.echo(f"{r.get('id', '-')}  {r.get('created_at')}  {r.get('decision'):7s} "
+                   f"{fmt_config(r.get('speculative_config')):24s}{sp}" + ("  DRIFT" if drift.get("drifted") else ""))

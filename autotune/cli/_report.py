@@ -1,0 +1,54 @@
+"""``autotune report W [--out DIR]``: the study report (Markdown, HTML, PNG plots; see ``_report``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from autotune.cli._common import EXIT_INPUT, fail, spec_for
+
+
+@click.command("report")
+@click.argument("workload")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False),
+              help="folder for report.md, report.html and the PNGs (default: <AUTOTUNE__HOME>/reports/<workload>)")
+@click.option("--spec", "spec_path", type=click.Path(dir_okay=False), help="study spec file (default: from studies/)")
+@click.option("--storage", help="Optuna storage URL (default: AUTOTUNE__STORAGE, the spec's, or sqlite in .autotune)")
+@click.option("--study-name", help="a study other than the workload's latest")
+def report(workload, out_dir, spec_path, storage, study_name) -> None:
+    """Write a workload's study report: plots and the recommendation."""
+    import optuna
+
+    from autotune.core._settings import get_settings
+    from autotune.core._store import safe_url
+    from autotune.decide import _recommend
+    from autotune.ops._runner import storage_for
+    from autotune.report._report import ReportError, build
+
+    settings = get_settings()
+    spec = spec_for(workload, spec_path, settings)
+    url = storage_for(spec, storage, settings)
+    summaries = optuna.get_all_study_summaries(url, include_best_trial=False)
+    names = [s.study_name for s in summaries if s.study_name.startswith(spec.study_name + "-")
+             or s.study_name == study_name]
+    if study_name:
+        names = [study_name] if study_name in names else []
+    if not names:
+        fail(f"no study for workload {workload!r} in {safe_url(url)}", EXIT_INPUT)
+    st = optuna.load_study(study_name=names[-1], storage=url)
+    try:
+        rec = _recommend.load(settings.recommendations_dir or spec.recommendations_dir, workload)
+        if (rec.get("study") or {}).get("name") not in (None, names[-1]):
+            rec = None  # the recommendation of another study (other inputs): not this report's
+    except FileNotFoundError:
+        rec = None
+    out = Path(out_dir) if out_dir else Path(settings.home) / "reports" / workload
+    try:
+        paths = build(names[-1], st.get_trials(deepcopy=False), st.user_attrs, out, rec, workload)
+    except ReportError as e:
+        fail(str(e), EXIT_INPUT)
+    click.echo(f"report of study {names[-1]}: {paths['markdown']}")
+    for name, p in paths.items():
+        if name not in ("markdown",):
+            click.echo(f"  {name}: {p}")

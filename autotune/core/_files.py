@@ -1,0 +1,251 @@
+"""Every file autotune writes goes through here: atomic, durable, with explicit permissions.
+
+One guarantee for all of them: the data goes to a fresh temp file in the target's own folder,
+created with the final permissions (never the umask's), is fsynced, renamed over the target, and
+the folder is fsynced, so a crash or a full disk leaves either the old file or the new one, never
+a torn one, and never a moment where prompt text or a credential sits in a world-readable file.
+
+Three permission classes:
+- ``PRIVATE`` (0600, folders 0700): anything that may hold prompt text or credentials: traffic
+  pools and manifests, replay sets, vLLM server logs, the SQLite database, server pidfiles,
+  caches.
+- ``SHARED`` (0640): what SREs read: the recommendation file, its history copies, deploy marks,
+  checks, telemetry bundles. Readable by the file's group (give the recommendations folder the
+  SRE group and the setgid bit, ``chgrp sre recommendations && chmod 2750 recommendations``, and
+  new files inherit it), never by everyone.
+- ``PUBLIC`` (0644): built artefacts with nothing private in them (the demo models, their
+  checksums), which another user's engine may need to read.
+
+Files another library writes (a GGUF writer, ``save_pretrained``) are written to a temp path and
+made current with ``commit_file`` / ``commit_dir``: the same fsync, rename and permissions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import IO, Any, Callable
+
+PRIVATE = 0o600
+SHARED = 0o640
+PRIVATE_DIR = 0o700
+PUBLIC = 0o644
+PUBLIC_DIR = 0o755
+
+
+def private_dir(d: str | Path) -> Path:
+    """Create ``d`` (and parents) and make it 0700 (when we own it)."""
+    d = Path(d)
+    d.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):
+        os.chmod(d, PRIVATE_DIR)
+    return d
+
+
+def fsync_dir(d: str | Path) -> None:
+    """Make a rename or a new file in ``d`` durable (a no-op where folders cannot be opened)."""
+    try:
+        fd = os.open(d, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError as e:  # some filesystems refuse fsync on a folder; the rename still happened
+        if e.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
+            raise
+    finally:
+        os.close(fd)
+
+
+class AtomicFile:
+    """A temp file beside ``path`` with ``mode`` permissions; ``commit()`` makes it ``path``.
+
+    ``commit(before_replace)`` flushes and fsyncs the temp file, calls ``before_replace()`` (a
+    database commit that must succeed for the new file to become current; if it raises, the old
+    file stays), renames, fsyncs the folder. ``abort()`` (or any exception inside ``with``)
+    removes the temp file and leaves the old file as it was.
+    """
+
+    def __init__(self, path: str | Path, mode: int, text: bool = True):
+        self.path = Path(path)
+        self.mode = mode
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        self.tmp = Path(tmp)
+        try:
+            os.fchmod(fd, mode)  # mkstemp makes 0600; the final mode is set before any byte is written
+            self.fh: IO = os.fdopen(fd, "w", encoding="utf-8") if text else os.fdopen(fd, "wb")
+        except BaseException:
+            os.close(fd)
+            self.tmp.unlink(missing_ok=True)
+            raise
+        self.done = False
+
+    def write(self, data) -> int:
+        return self.fh.write(data)
+
+    def commit(self, before_replace: Callable[[], Any] | None = None) -> Path:
+        try:
+            self.fh.flush()
+            os.fsync(self.fh.fileno())
+            self.fh.close()
+            if before_replace is not None:
+                before_replace()
+            os.replace(self.tmp, self.path)
+        except BaseException:
+            self.abort()
+            raise
+        self.done = True
+        fsync_dir(self.path.parent)
+        return self.path
+
+    def abort(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        with contextlib.suppress(OSError):
+            self.fh.close()
+        with contextlib.suppress(OSError):
+            self.tmp.unlink()
+
+    def __enter__(self) -> "AtomicFile":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+
+
+def write_text(path: str | Path, text: str, mode: int = PRIVATE,
+               before_replace: Callable[[], Any] | None = None) -> Path:
+    f = AtomicFile(path, mode)
+    try:
+        f.write(text)
+    except BaseException:
+        f.abort()
+        raise
+    return f.commit(before_replace)
+
+
+def write_bytes(path: str | Path, data: bytes, mode: int = PRIVATE) -> Path:
+    f = AtomicFile(path, mode, text=False)
+    try:
+        f.write(data)
+    except BaseException:
+        f.abort()
+        raise
+    return f.commit()
+
+
+def temp_path(path: str | Path) -> Path:
+    """A fresh name beside ``path`` for a file or folder another library writes (removed first)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    if tmp.is_dir() and not tmp.is_symlink():
+        shutil.rmtree(tmp)
+    else:
+        tmp.unlink(missing_ok=True)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    return tmp
+
+
+def _fsync_file(p: Path, mode: int) -> None:
+    fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fchmod(fd, mode)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def commit_file(tmp: str | Path, path: str | Path, mode: int = PRIVATE) -> Path:
+    """Make ``tmp`` (written by another library) ``path``: permissions, fsync, rename, folder fsync."""
+    tmp, path = Path(tmp), Path(path)
+    _fsync_file(tmp, mode)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+    return path
+
+
+def commit_dir(tmp: str | Path, folder: str | Path, mode: int = PRIVATE) -> Path:
+    """Make the folder ``tmp`` ``folder``: each file gets ``mode`` and is fsynced, then the old
+    folder (if any) is removed and ``tmp`` renamed in its place. A crash leaves the old folder,
+    the new one, or none (never a torn one): a reader checks its manifest either way."""
+    tmp, folder = Path(tmp), Path(folder)
+    for p in tmp.rglob("*"):
+        if p.is_file() and not p.is_symlink():
+            _fsync_file(p, mode)
+    os.chmod(tmp, PRIVATE_DIR if mode == PRIVATE else PUBLIC_DIR)
+    fsync_dir(tmp)
+    if folder.is_dir() and not folder.is_symlink():
+        shutil.rmtree(folder)
+    os.replace(tmp, folder)
+    fsync_dir(folder.parent)
+    return folder
+
+
+def write_json(path: str | Path, data: Any, mode: int = PRIVATE, *, sort_keys: bool = False,
+               before_replace: Callable[[], Any] | None = None) -> Path:
+    """JSON (indent 2, a final newline; Paths and other objects as their str) written atomically."""
+    f = AtomicFile(path, mode)
+    try:
+        json.dump(data, f.fh, indent=2, sort_keys=sort_keys, default=str)
+        f.write("\n")
+    except BaseException:
+        f.abort()
+        raise
+    return f.commit(before_replace)
+
+
+def open_append(path: str | Path, mode: int = PRIVATE, binary: bool = False) -> IO:
+    """Open for appending (a log, a JSONL of checks), creating it with ``mode``; an existing
+    file with looser permissions is tightened to ``mode`` first."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, mode)
+    try:
+        if os.fstat(fd).st_mode & 0o777 & ~mode:
+            os.fchmod(fd, mode)
+        return os.fdopen(fd, "ab" if binary else "a", **({} if binary else {"encoding": "utf-8"}))
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def open_new(path: str | Path, mode: int = PRIVATE) -> IO:
+    """Open for writing from scratch (binary), created or truncated with ``mode`` permissions
+    even when the file existed with looser ones (a vLLM server log, reopened per start)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+    try:
+        os.fchmod(fd, mode)
+        return os.fdopen(fd, "wb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def ensure_private_file(path: str | Path) -> Path:
+    """Create ``path`` empty with 0600 if it is missing, else tighten it to 0600 (when we own it):
+    for files another library creates (the SQLite database). A missing folder is left missing
+    (the library's own error then names it)."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        return path
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, PRIVATE)
+        os.close(fd)
+        fsync_dir(path.parent)
+    except FileExistsError:
+        with contextlib.suppress(OSError):
+            if path.stat().st_mode & 0o077:
+                os.chmod(path, PRIVATE)
+    return path

@@ -1,0 +1,613 @@
+"""Study specs: one YAML file per workload, validated before anything starts.
+
+Errors name the file, the field and (where YAML knows it) the line, because a nightly run that
+fails at 3am on ``space.k`` must say so without a stack trace. Relative paths in a spec are
+relative to the spec file, and ``$VARS``/``~`` are expanded, so the same spec works from any
+working directory.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer,
+                      model_validator)
+
+from autotune.core._measure import STATISTICS
+from autotune.core._schedule import parse_cron
+
+TUNED_METHODS = ("ngram", "suffix", "draft_model", "eagle3", "eagle", "mtp",
+                 # llama.cpp's n-gram drafters (llama-server --spec-type ngram-simple, ...)
+                 "ngram_simple", "ngram_map_k", "ngram_map_k4v", "ngram_mod")
+ENGINE_KINDS = ("vllm", "llamacpp")
+# Speculative keys belong to the tuner: a spec that fixes them in serve_args would silently
+# make every trial the same configuration.
+RESERVED_SERVE_ARGS = {"speculative_config", "speculative-config", "sc", "port", "host", "model"}
+
+
+class SpecError(ValueError):
+    """A study spec is invalid. ``str()`` names file, field and line."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+REPLAY_MODES = ("closed", "open", "profile")
+
+
+class ReplaySpec(_Model):
+    path: str = Field(description="replay set JSONL (see autotune.traffic._replayset)")
+    concurrency: int = Field(ge=1, description="target concurrency: closed-loop in-flight requests")
+    requests: int | None = Field(default=None, ge=1, description="measured requests per trial (default: all after warm-up)")
+    warmup: int = Field(default=4, ge=0, description="requests sent first and not measured")
+    timeout_s: float = Field(default=300.0, gt=0)
+    mode: Literal["closed", "open", "profile"] = Field(
+        default="closed",
+        description="closed: `concurrency` requests in flight; open: each request at its recorded time "
+                    "(ts) x time_scale; profile: closed loops at each of `levels` in one server start")
+    time_scale: float = Field(default=1.0, gt=0, description="open mode: factor on recorded inter-arrival "
+                                                                 "times (0.01 replays a day in ~15 minutes)")
+    levels: list[int] | None = Field(default=None, min_length=1, validate_default=True,
+                                     description="profile mode: concurrency levels, each on its own requests")
+    level_weights: list[float] | None = Field(default=None, validate_default=True,
+                                              description="profile mode: share of traffic at each level "
+                                                          "(default equal); weights the objective")
+    min_in_window: int | None = Field(
+        default=None, ge=1, description="profile mode: fewest requests a level must measure inside its steady "
+                                        "window (default 2x the level); a level with fewer is flagged in the trial "
+                                        "(levels.<L>.thin) and the study warns: its figures rest on too few requests")
+
+    @field_validator("levels")
+    @classmethod
+    def _levels(cls, v, info):
+        mode = info.data.get("mode", "closed")
+        if v is None:
+            if mode == "profile":
+                raise ValueError("required when mode is 'profile' (e.g. [1, 4, 8])")
+            return v
+        if mode != "profile":
+            raise ValueError(f"only used when mode is 'profile' (mode is {mode!r})")
+        for lv in v:
+            if lv < 1:
+                raise ValueError(f"levels must be >= 1, got {lv}")
+        if len(set(v)) != len(v):
+            raise ValueError(f"levels repeat a value: {v}")
+        return v
+
+    @field_validator("level_weights")
+    @classmethod
+    def _weights(cls, v, info):
+        if v is None:
+            return v
+        levels = info.data.get("levels")
+        if info.data.get("mode", "closed") != "profile":
+            raise ValueError("only used when mode is 'profile'")
+        if levels is not None and len(v) != len(levels):
+            raise ValueError(f"{len(v)} weights for {len(levels)} levels; give one weight per level")
+        if any(not (w >= 0) for w in v) or not sum(v) > 0:
+            raise ValueError(f"weights must be >= 0 with a positive sum, got {v}")
+        return v
+
+    @field_validator("min_in_window")
+    @classmethod
+    def _min_in_window(cls, v, info):
+        if v is not None and info.data.get("mode", "closed") != "profile":
+            raise ValueError("only used when mode is 'profile'")
+        return v
+
+    def weights(self) -> dict[int, float]:
+        """Profile mode: level -> normalized weight (equal by default)."""
+        levels = self.levels or [self.concurrency]
+        raw = self.level_weights or [1.0] * len(levels)
+        total = float(sum(raw))
+        return {lv: float(w) / total for lv, w in zip(levels, raw)}
+
+
+class KRange(_Model):
+    min: int = Field(default=1, ge=1)
+    max: int = Field(default=8, ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self):
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) > max ({self.max})")
+        return self
+
+
+class NgramSpace(_Model):
+    prompt_lookup_min: list[int] = Field(default=[2], min_length=1)
+    prompt_lookup_max: list[int] = Field(default=[5], min_length=1)
+
+    @model_validator(mode="after")
+    def _some_pair(self):
+        if not any(lo <= hi for lo in self.prompt_lookup_min for hi in self.prompt_lookup_max):
+            raise ValueError("no prompt_lookup_min <= prompt_lookup_max pair")
+        return self
+
+
+class SuffixSpace(_Model):
+    max_tree_depth: list[int] = Field(default=[24], min_length=1)
+    max_spec_factor: list[float] = Field(default=[1.0], min_length=1)
+    min_token_prob: list[float] = Field(default=[0.1], min_length=1)
+
+
+class BandsSpace(_Model):
+    """Per-batch-size K (``num_speculative_tokens_per_batch_size``) for the concurrency profile."""
+    enabled: bool = False
+    tpot_ms: float | None = Field(default=None, gt=0, description="production TPOT estimate: with replay.mode "
+                                  "other than profile, the levels come from the replay set's arrival times")
+    max_levels: int = Field(default=3, ge=2, le=8)
+
+
+class SpaceSpec(_Model):
+    methods: list[str] = Field(default=["ngram", "suffix"], min_length=1)
+    k: KRange = KRange()
+    k_per_method: dict[str, KRange] = {}
+    ngram: NgramSpace = NgramSpace()
+    suffix: SuffixSpace = SuffixSpace()
+    draft_models: list[str] = []
+    draft_p_min: list[float] = Field(default=[], description="llama.cpp: --spec-draft-p-min values to try "
+                                     "(empty: the server's default)")
+    draft_n_min: list[int] = Field(default=[], description="llama.cpp: --spec-draft-n-min values to try "
+                                   "(empty: the server's default)")
+    eagle_heads: list[str] = []
+    bands: BandsSpace = Field(default=BandsSpace(), exclude=True)
+    # exclude: bands add candidates but change no measurement, so study fingerprints stay as they were
+
+    @field_validator("methods")
+    @classmethod
+    def _known(cls, v):
+        for m in v:
+            if m not in TUNED_METHODS:
+                raise ValueError(f"unknown method {m!r}; known: {', '.join(TUNED_METHODS)} "
+                                 "(the no-speculation baseline is always trial 0)")
+        return v
+
+    @model_validator(mode="after")
+    def _needs(self):
+        if "draft_model" in self.methods and not self.draft_models:
+            raise ValueError("method draft_model needs space.draft_models")
+        if {"eagle", "eagle3"} & set(self.methods) and not self.eagle_heads:
+            raise ValueError("methods eagle/eagle3 need space.eagle_heads")
+        for m in self.k_per_method:
+            if m not in self.methods:
+                raise ValueError(f"k_per_method names {m!r}, which is not in methods")
+        return self
+
+    @field_validator("draft_p_min")
+    @classmethod
+    def _p_min(cls, v):
+        for p in v:
+            if not 0 <= p <= 1:
+                raise ValueError(f"draft_p_min values lie in [0, 1], got {p}")
+        return v
+
+    @field_validator("draft_n_min")
+    @classmethod
+    def _n_min(cls, v):
+        for n in v:
+            if n < 0:
+                raise ValueError(f"draft_n_min values are >= 0, got {n}")
+        return v
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        # knobs left unset are left out, so the dump (and every study fingerprint made of it)
+        # of a spec without them is what it was before they existed
+        data = handler(self)
+        for key in ("draft_p_min", "draft_n_min"):
+            if isinstance(data, dict) and not data.get(key):
+                data.pop(key, None)
+        return data
+
+    def k_range(self, method: str) -> KRange:
+        return self.k_per_method.get(method, self.k)
+
+
+class BudgetSpec(_Model):
+    max_trials: int = Field(default=10, ge=1, description="trials including the baseline")
+    max_server_starts: int = Field(default=14, ge=1)
+    max_wall_minutes: float = Field(default=60.0, gt=0)
+
+
+class StartNoiseSpec(_Model):
+    """A recorded A/A figure: the start-to-start CV of the per-start statistic on this hardware
+    (e.g. from ``benchmarks/decisions.py``), worth ``df`` degrees of freedom in the decision."""
+    cv: float = Field(gt=0, lt=1, description="start-to-start coefficient of variation of per-start TPOT")
+    df: int = Field(ge=1, le=200, description="degrees of freedom it is worth (starts measured minus configs)")
+
+
+class ObjectiveSpec(_Model):
+    statistic: str = "median"
+    confirm_starts: int = Field(default=1, ge=0, description="fresh server starts each of baseline, incumbent and "
+                                                             "winner, interleaved, that the decision rests on")
+    confirm_max_starts: int | None = Field(default=None, ge=1, description="sequential confirmation: while the "
+                                           "decision is open, more interleaved rounds up to this many starts each "
+                                           "(the confidence split over the looks); default confirm_starts")
+    start_noise: StartNoiseSpec | None = Field(default=None, description="a recorded A/A prior on the "
+                                               "start-to-start variance (docs/decisions.md)")
+    search: Literal["predictor", "tpe", "grid", "random"] = Field(
+        default="predictor", description="predictor: start only what the TPOT predictor (_predict) rates likely to "
+                                         "win, stop when nothing is; tpe: Optuna's TPE; grid / random: every config")
+    min_gain: float | None = Field(default=None, ge=0, lt=1,
+                                   description="predictor: a start must be likely to beat the best by this fraction "
+                                               "(default: the measured start-to-start noise)")
+
+    @field_validator("statistic")
+    @classmethod
+    def _stat(cls, v):
+        if v not in STATISTICS:
+            raise ValueError(f"unknown statistic {v!r}; one of {', '.join(STATISTICS)}")
+        return v
+
+    @model_validator(mode="after")
+    def _confirm_max(self):
+        if self.confirm_max_starts is not None and self.confirm_max_starts < self.confirm_starts:
+            raise ValueError(f"confirm_max_starts ({self.confirm_max_starts}) is below confirm_starts "
+                             f"({self.confirm_starts})")
+        return self
+
+    def max_confirm_starts(self) -> int:
+        return self.confirm_starts if self.confirm_max_starts is None or not self.confirm_starts \
+            else self.confirm_max_starts
+
+
+class GuardSpec(_Model):
+    max_failed_requests: int = Field(default=0, ge=0)
+    equivalence_min_match: float = Field(default=1.0, ge=0, le=1,
+                                         description="fraction of greedy outputs identical to the baseline's")
+    throughput_floor: float = Field(default=0.9, gt=0, description="candidate/baseline output throughput")
+    equivalence_min_compared: int = Field(default=16, ge=0, description="greedy requests the equivalence check "
+                                          "must compare; fewer: 'not checked'")
+    equivalence_required: bool = Field(default=True, description="an equivalence not checked blocks `change`; "
+                                       "false opts out")
+    confidence: float = Field(default=0.95, gt=0, lt=1)
+
+
+class EngineSpec(_Model):
+    kind: Literal["vllm", "llamacpp"] = Field(default="vllm", description="the serving engine "
+                                              "(autotune/engines/_registry.py): vllm or llamacpp (llama-server)")
+    command: list[str] = Field(default=["vllm", "serve"], min_length=1,
+                               description="argv prefix that runs `vllm serve` (a venv path, a container command); "
+                                           "for llamacpp the llama-server executable (default: llama-server)")
+    python: str | None = Field(default=None, description="python of the vLLM environment, for the capability probe")
+    env: dict[str, str] = {}
+    serve_args: dict[str, Any] = {}
+    start_timeout_s: float = Field(default=600.0, gt=0)
+    stop_timeout_s: float = Field(default=30.0, gt=0)
+
+    @field_validator("serve_args")
+    @classmethod
+    def _not_reserved(cls, v, info):
+        for key in v:
+            if key.replace("_", "-").lstrip("-") in {k.replace("_", "-") for k in RESERVED_SERVE_ARGS}:
+                raise ValueError(f"serve_args.{key} is set by the tuner, not the spec")
+        if info.data.get("kind") == "llamacpp":
+            name = next((k for k in v if k.lstrip("-").replace("-", "_").startswith(("spec_", "draft_"))
+                         or k.lstrip("-").replace("-", "_") in ("m", "md", "model_draft", "metrics", "alias")), None)
+            if name is not None:
+                raise ValueError(f"serve_args.{name} is set by the tuner, not the spec (llama-server's "
+                                 "speculative flags, model, --metrics and --alias)")
+        return v
+
+    @model_validator(mode="after")
+    def _llamacpp_command(self):
+        if self.kind == "llamacpp" and "command" not in self.model_fields_set:
+            object.__setattr__(self, "command", ["llama-server"])
+        return self
+
+
+class TrafficRule(_Model):
+    """Tags imported traffic with ``workload`` when every condition given matches (first rule wins)."""
+    workload: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    model: str | None = Field(default=None, description="regex searched in the logged model name")
+    regex: str | None = Field(default=None, description="regex searched in the prompt text")
+    keywords: list[str] = Field(default=[], description="any of these words in the prompt text (case-insensitive)")
+
+    @field_validator("model", "regex")
+    @classmethod
+    def _compiles(cls, v):
+        if v is not None:
+            _compile(v)
+        return v
+
+    @model_validator(mode="after")
+    def _some_condition(self):
+        if self.model is None and self.regex is None and not self.keywords:
+            raise ValueError("a rule needs at least one of model, regex, keywords")
+        return self
+
+
+class TrafficSampleSpec(_Model):
+    n: int | None = Field(default=None, ge=1, description="requests per replay set (default: warmup + 2 * requests, else 68)")
+    window_hours: float | None = Field(default=24.0, gt=0, description="window ending at the newest imported request; null = all")
+    seed: int = 0
+
+
+class TrafficSpec(_Model):
+    rules: list[TrafficRule] = []
+    redact: list[str] = Field(default=[], description="regexes replaced by [REDACTED] in imported prompts")
+    sample: TrafficSampleSpec = TrafficSampleSpec()
+
+    @field_validator("redact")
+    @classmethod
+    def _compile_all(cls, v):
+        for pattern in v:
+            _compile(pattern)
+        return v
+
+
+def _compile(pattern: str):
+    import re
+
+    try:
+        return re.compile(pattern)
+    except re.error as e:
+        raise ValueError(f"invalid regex {pattern!r}: {e}") from None
+
+
+class ScheduleSpec(_Model):
+    """When the daemon (`autotune daemon run`) retunes this workload, unattended."""
+    cron: str = Field(default="0 2 * * *", description="crontab expression (minute hour day month weekday)")
+    timezone: str = "UTC"
+    misfire_grace_minutes: float = Field(default=360.0, ge=0,
+                                         description="a run missed by at most this much (daemon down, GPU busy) still runs")
+    enabled: bool = True
+
+    @model_validator(mode="after")
+    def _parses(self):
+        parse_cron(self.cron, self.timezone)  # ValueError names what is wrong
+        return self
+
+
+class DriftSpec(_Model):
+    """When a nightly recommendation must say that the deployed config no longer fits the traffic."""
+    min_acceptance_rate: float = Field(default=0.4, ge=0, le=1,
+                                       description="incumbent's accepted/drafted tokens below this = drift")
+    # `autotune drift check` (no GPU): what moves enough to retune (see autotune/trust/_drift.py)
+    acceptance_length_change: float = Field(default=0.15, gt=0, description="relative change of production's "
+                                            "acceptance length at the deployed K that calls for a retune")
+    tokens_per_step_change: float = Field(default=0.15, gt=0, description="relative change of production's "
+                                          "tokens per decode step that calls for a retune")
+    tag_share_change: float = Field(default=0.2, gt=0, le=1, description="absolute change of a tag's share "
+                                    "of the traffic (0.8 -> 0.55 is 0.25) that calls for a retune")
+    prompt_length_change: float = Field(default=0.3, gt=0, description="relative change of the prompt "
+                                        "length p50 or p90 that calls for a retune")
+    skip_unless_drift: bool = Field(default=False, description="daemon: run the nightly study only when "
+                                    "`autotune drift check` finds a reason to retune")
+    min_days_between_changes: float = Field(default=0.0, ge=0, description="damping: within this many days "
+                                            "of the last recommendation a different config is held back (the "
+                                            "previous one stays) unless the incumbent's acceptance fell below "
+                                            "min_acceptance_rate, vLLM's version changed or the incumbent lost "
+                                            "to no speculation; 0 = off")
+
+
+class FidelityTolerances(_Model):
+    """How close the incumbent's replay must come to production (relative, coverage absolute);
+    null skips a figure."""
+    acceptance_length: float | None = Field(default=0.10, gt=0)
+    coverage: float | None = Field(default=0.10, gt=0, description="absolute (drafted steps / decode steps)")
+    tokens_per_step: float | None = Field(default=0.10, gt=0)
+    tpot_p50: float | None = Field(default=0.25, gt=0)
+    tpot_p90: float | None = Field(default=0.35, gt=0)
+    tpot_mean: float | None = Field(default=0.25, gt=0)
+    itl_mean: float | None = Field(default=0.30, gt=0)
+
+
+class ProductionSpec(_Model):
+    """The deployment this workload's traffic comes from: its telemetry gates every study
+    (autotune/trust/_gate.py) and drives `autotune drift check`."""
+    telemetry: str | None = Field(default=None, description="telemetry bundle of production (`autotune "
+                                  "telemetry scrape --out FILE`); null = no fidelity gate")
+    tolerances: FidelityTolerances = FidelityTolerances()
+    min_figures: int = Field(default=3, ge=1, description="the fidelity gate fails when fewer figures "
+                             "could be compared (missing on one side or tolerance null)")
+
+
+class SyntheticAcceptanceSpec(_Model):
+    """Fixed per-position acceptance for cost benchmarks (dummy weights, no real draft quality).
+
+    vLLM then accepts draft position i with an unconditional rate (``rejection_sample_method:
+    synthetic``): the measured TPOT is the real cost of that acceptance profile, but the outputs
+    are not the target model's. Benchmarking only: never part of a recommended config."""
+    alpha: float | None = Field(default=None, gt=0, le=1,
+                                description="rates alpha^1 .. alpha^K for a trial with K speculative tokens")
+    rates: list[float] | None = Field(default=None, min_length=1,
+                                      description="explicit per-position rates (non-increasing); the first K are used")
+
+    @field_validator("rates")
+    @classmethod
+    def _rates(cls, v):
+        if v is None:
+            return v
+        for r in v:
+            if not 0 <= r <= 1:
+                raise ValueError(f"rates must lie in [0, 1], got {r}")
+        if any(b > a for a, b in zip(v, v[1:])):
+            raise ValueError(f"rates must be non-increasing (per-position unconditional rates), got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _one_of(self):
+        if (self.alpha is None) == (self.rates is None):
+            raise ValueError("give exactly one of alpha (rates alpha^1..alpha^K) or rates")
+        return self
+
+    def rates_for(self, k: int) -> list[float]:
+        """The ``synthetic_acceptance_rates`` of a trial with ``k`` speculative tokens."""
+        if self.alpha is not None:
+            return [round(self.alpha ** i, 6) for i in range(1, k + 1)]
+        if k > len(self.rates):
+            raise ValueError(f"benchmark.synthetic_acceptance.rates has {len(self.rates)} rates, a trial has K={k}")
+        return list(self.rates[:k])
+
+
+class BenchmarkSpec(_Model):
+    """Settings for measuring cost on test setups (dummy weights); every output made with them is
+    marked ``benchmark_only`` and none of them enters a recommended config."""
+    synthetic_acceptance: SyntheticAcceptanceSpec | None = None
+
+
+class StudySpec(_Model):
+    workload: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    model: str
+    served_model_name: str | None = None
+    replay: ReplaySpec
+    space: SpaceSpec = SpaceSpec()
+    budget: BudgetSpec = BudgetSpec()
+    objective: ObjectiveSpec = ObjectiveSpec()
+    guards: GuardSpec = GuardSpec()
+    engine: EngineSpec = EngineSpec()
+    incumbent: dict[str, Any] | None = Field(default=None, description="speculative config deployed now; null = none")
+    production_equivalent: bool = True
+    storage: str | None = None
+    recommendations_dir: str = "recommendations"
+    seed: int = 0
+    traffic: TrafficSpec = Field(default=TrafficSpec(), description="`autotune traffic`: workload rules, redaction, sampling")
+    schedule: ScheduleSpec = ScheduleSpec()
+    drift: DriftSpec = DriftSpec()
+    production: ProductionSpec = Field(default=ProductionSpec(), description="production telemetry: fidelity gate and drift check")
+    benchmark: BenchmarkSpec | None = Field(default=None, description="benchmarking-only settings (synthetic "
+                                            "acceptance); marks every output made with them")
+    source: str = Field(default="", exclude=True)
+
+    @field_validator("benchmark")
+    @classmethod
+    def _benchmark_covers_k(cls, v, info):
+        sa = v and v.synthetic_acceptance
+        space = info.data.get("space")
+        if sa is not None and sa.rates is not None and space is not None:
+            k_max = max(space.k_range(m).max for m in space.methods)
+            if k_max > len(sa.rates):
+                raise ValueError(f"synthetic_acceptance.rates has {len(sa.rates)} rates but the space "
+                                 f"reaches K={k_max}; give at least {k_max}")
+        return v
+
+    @property
+    def study_name(self) -> str:
+        return f"autotune-{self.workload}"
+
+    def benchmark_only(self) -> dict | None:
+        """What makes this spec's measurements benchmark-only (None for a production study)."""
+        sa = self.benchmark and self.benchmark.synthetic_acceptance
+        if sa is None:
+            return None
+        return {"synthetic_acceptance": sa.model_dump(exclude_none=True),
+                "warning": "measured with vLLM's synthetic rejection sampler (fixed acceptance, outputs are "
+                           "not the model's): a cost benchmark, not a configuration to deploy"}
+
+    def run_config(self, config: dict | None) -> dict | None:
+        """The speculative config a trial's server gets: ``config`` plus the benchmark-only
+        synthetic acceptance for its K. ``config`` itself (what the study records and may
+        recommend) is left as it is."""
+        sa = self.benchmark and self.benchmark.synthetic_acceptance
+        if not config or sa is None:
+            return config
+        k = int(config.get("num_speculative_tokens") or 0)
+        if k < 1:
+            return config
+        return {**config, "rejection_sample_method": "synthetic", "synthetic_acceptance_rates": sa.rates_for(k)}
+
+
+def _expand(value: str, base: Path) -> str:
+    value = os.path.expandvars(os.path.expanduser(value))
+    if "://" in value or os.path.isabs(value):
+        return value
+    return str((base / value).resolve())
+
+
+def _line_of(root, loc: tuple) -> int | None:
+    """Line number of a field in the YAML node tree, for error messages."""
+    import yaml
+
+    node = root
+    line = node.start_mark.line + 1 if node is not None else None
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            match = [(k, v) for k, v in node.value if k.value == part]
+            if not match:
+                break
+            key, node = match[0]
+            line = key.start_mark.line + 1  # the line that names the field, not its block's first line
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            break
+    return line
+
+
+def load_spec(path: str | Path) -> StudySpec:
+    """Load and validate a study spec; SpecError names file, field and line."""
+    import yaml
+
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise SpecError(f"{path}: cannot read study spec ({e.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+        root = yaml.compose(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark else ""
+        raise SpecError(f"{path}{where}: not valid YAML ({getattr(e, 'problem', e)})") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: a study spec is a mapping of fields")
+    try:
+        spec = StudySpec.model_validate(data)
+    except ValidationError as e:
+        msgs = []
+        for err in e.errors():
+            loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+            field = ".".join(str(p) for p in loc) or "(top level)"
+            line = _line_of(root, loc)
+            msg = err["msg"].removeprefix("Value error, ")
+            msgs.append(f"{path}:{line}: field '{field}': {msg}" if line else f"{path}: field '{field}': {msg}")
+        raise SpecError("\n".join(msgs)) from None
+    base = path.parent.resolve()
+    space = spec.space.model_copy(update={
+        "draft_models": [_expand(p, base) for p in spec.space.draft_models],
+        "eagle_heads": [_expand(p, base) for p in spec.space.eagle_heads],
+    })
+    command = list(spec.engine.command)
+    if command and ("/" in command[0]):
+        command[0] = _expand(command[0], base)
+    env = {k: _expand(v, base) if v.startswith(("./", "../")) else os.path.expandvars(v)
+           for k, v in spec.engine.env.items()}
+    engine = spec.engine.model_copy(update={
+        "command": command, "env": env,
+        "python": _expand(spec.engine.python, base) if spec.engine.python else None,
+    })
+    local = _expand(spec.model, base)
+    model = local if Path(local).exists() or spec.model.startswith((".", "/", "~", "$")) else spec.model
+    return spec.model_copy(update={
+        "model": model,
+        "replay": spec.replay.model_copy(update={"path": _expand(spec.replay.path, base)}),
+        "space": space, "engine": engine,
+        "storage": spec.storage and _storage_url(spec.storage, base),
+        "recommendations_dir": _expand(spec.recommendations_dir, base),
+        "production": spec.production.model_copy(update={"telemetry": _expand(spec.production.telemetry, base)})
+        if spec.production.telemetry else spec.production,
+        "source": str(path),
+    })
+
+
+def _storage_url(url: str, base: Path) -> str:
+    if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
+        return "sqlite:///" + _expand(url.removeprefix("sqlite:///"), base)
+    return url
+
+
+def find_spec(workload: str, studies_dir: str | Path) -> Path:
+    d = Path(studies_dir)
+    for ext in (".yaml", ".yml"):
+        p = d / f"{workload}{ext}"
+        if p.exists():
+            return p
+    known = sorted(p.stem for p in d.glob("*.y*ml")) if d.is_dir() else []
+    raise SpecError(f"no study spec for workload {workload!r} in {d} (known: {', '.join(known) or 'none'})")

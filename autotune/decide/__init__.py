@@ -1,0 +1,5 @@
+"""Stage 5, decide: the keep / change / disable decision, the recommendation file and its
+history (damping between nights).
+
+May import: every stage below (``core`` .. ``search``).
+"""

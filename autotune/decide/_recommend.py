@@ -1,0 +1,560 @@
+"""The decision and the file SREs deploy: ``recommendations/<workload>.json``.
+
+``change`` only when the winner beats the *incumbent* (the deployed config, measured in the same
+study; no speculation when nothing is deployed) by more than ``objective.min_gain`` with the
+stated confidence, on confirmation starts that did not select it, and passes every guard;
+``disable`` only when the incumbent is shown slower than no speculation; otherwise ``keep``,
+with the reason (``evidence.keep_reason``). The interval is a Student t interval on the log of
+each start's statistic, the start-to-start variance pooled over every config measured twice or
+more in this study, over earlier nights of the same workload and, when the spec states one, over
+a recorded A/A prior (``objective.start_noise``); confirmation may go on in interleaved rounds
+with the confidence split over the planned looks. The method, its assumptions and its measured
+error rates: docs/decisions.md. The file is written to a temp file and renamed, so a crash or a
+full disk leaves the previous recommendation intact.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from autotune.core import _measure
+from autotune.core._files import SHARED, write_json
+from autotune.core._store import safe_url
+from autotune.engines import _registry
+from autotune.engines._serverlog import added
+from autotune.search._levels import level_evidence, measurement_objective, profile_groups
+from autotune.search._space import NONE, canonical, label
+from autotune.search._trial import spec_counters, usable_starts
+from autotune.traffic._sampling import read_manifest
+
+SCHEMA = "autotune.recommendation/1"
+EXPIRY_DAYS = 7
+#: earlier recommendations whose start-to-start variance is pooled into tonight's
+HISTORY_NIGHTS = 14
+ROLE_CONFIRM = "confirm"
+
+
+@dataclass
+class Decision:
+    decision: str           # change | keep | disable
+    reason: str
+    winner: dict | None     # speculative config recommended (None: no speculation)
+    evidence: dict
+
+
+def fmt_config(cfg: dict | None) -> str:
+    """The config label of messages SREs read (``_space.label``; no config: "no speculation")."""
+    return label(cfg, none="no speculation")
+
+
+def _median(xs):
+    xs = sorted(x for x in xs if x is not None)
+    return xs[len(xs) // 2] if xs else None
+
+
+def _side(trials, statistic: str, decided_on: list | None = None) -> dict:
+    """Descriptive figures of one config's starts (every usable start pooled) and the starts the
+    decision used (``decision_trials``)."""
+    used, excluded = usable_starts(trials)
+    pooled = [v for t in used for v in t.user_attrs["measurement"]["tpot_ms"]]
+    profile = profile_groups(used)
+    counters = spec_counters(trials)
+    summaries = [t.user_attrs["measurement"]["summary"] for t in trials]
+    return {
+        "tpot_ms": (_measure.weighted_statistic(*profile, statistic) if profile
+                    else _measure.summarize(pooled, statistic) if pooled else None),
+        "tpot_ms_percentiles": _measure.percentiles(pooled) if pooled else {},
+        "server_starts": len(trials), "stalled_starts": sum(1 for t in trials if t.user_attrs.get("stalled")),
+        "excluded_starts": excluded,
+        "mixed_tpot_starts": [t.number for t in trials if (t.user_attrs["measurement"].get("tpot_mixed"))],
+        "requests": len(pooled),
+        "output_throughput": (sum(s["output_throughput_tok_s"] for s in summaries) / len(summaries)
+                              if summaries else None),
+        "acceptance_length": counters["acceptance_length"],
+        "ttft_ms_p90": _median([(s.get("ttft_ms") or {}).get("p90") for s in summaries]),
+        "trials": [t.number for t in trials],
+        "decision_trials": [t.number for t in (decided_on or [])],
+        "start_seconds": _median([t.user_attrs["measurement"]["start_seconds"] for t in trials]),
+    }
+
+
+def replay_provenance(replay_path) -> dict:
+    """What the replay set's manifest says about where its requests came from (empty for sets
+    written by hand or by ``autotune demo``, which have none)."""
+    m = read_manifest(replay_path)
+    if not m:
+        return {}
+    keep = ("workload", "window", "sources", "content_hash", "requests", "synthetic_requests")
+    return {"manifest": {k: m[k] for k in keep if k in m},
+            "acceptance_measurable": bool(m.get("acceptance_measurable", True))}
+
+
+def decide(study, history: list[dict] | None = None) -> Decision:
+    """The decision (see the module doc), held back to ``keep`` when the replay set cannot
+    measure acceptance: prompts made up from a length-only trace (Mooncake style) say how fast a
+    config runs but not how often production's drafts would be accepted, so no speculative
+    config is recommended from them; the would-be winner stays in the evidence.
+
+    ``history``: earlier recommendations of the workload, newest first (``_history.history``);
+    their own studies' start-to-start variance is pooled into tonight's (same model, vLLM,
+    concurrency and statistic; the last ``HISTORY_NIGHTS``)."""
+    d = _decide(study, history)
+    rs = getattr(study, "replay_set", None)
+    prov = replay_provenance(rs.path) if rs is not None else {}
+    if prov.get("acceptance_measurable", True) or d.decision != "change":
+        return d
+    synthetic = prov["manifest"].get("synthetic_requests")
+    why = (f"the replay set has synthetic prompts ({synthetic} of {len(study.replay_set.requests)} requests "
+           f"from a length-only trace; manifest acceptance_measurable false), so the measured acceptance "
+           f"is not production's: {d.reason} -- not recommended")
+    incumbent_key = canonical(study.spec.incumbent)
+    d.evidence["held_back_winner"] = d.winner
+    d.evidence["keep_reason"] = "acceptance not measurable"
+    return Decision("keep", why + ("; keep serving without speculation" if incumbent_key == NONE
+                                   else "; keep the deployed config"),
+                    study.spec.incumbent if incumbent_key != NONE else None, d.evidence)
+
+
+def damp(d: Decision, study, previous: dict | None, now: dt.datetime | None = None) -> Decision:
+    """Hold back a new config within ``drift.min_days_between_changes`` of the last recommendation.
+
+    Nightly retuning on noisy traffic would otherwise flip between near-equal configs and make
+    SREs redeploy for nothing. Not damped: a first recommendation, an older one, a ``disable``
+    (the deployed speculation is shown slower than none: never wait on that), a change of vLLM
+    version, and an incumbent whose acceptance fell below ``drift.min_acceptance_rate`` (the
+    traffic moved).
+    """
+    days = study.spec.drift.min_days_between_changes
+    if not days or previous is None or d.decision == "disable":
+        return d
+    prev_cfg = previous.get("speculative_config")
+    if canonical(prev_cfg) == canonical(d.winner):
+        return d
+    now = now or dt.datetime.now(dt.timezone.utc)
+    try:
+        made = dt.datetime.fromisoformat(previous["created_at"])
+    except (KeyError, TypeError, ValueError):
+        return d
+    age_days = (now - made).total_seconds() / 86400.0
+    if age_days >= days:
+        return d
+    prev_version = (previous.get("engine") or {}).get("vllm_version") or (previous.get("valid_for") or {}).get("vllm_version")
+    if prev_version and prev_version != study.caps.version:
+        return d
+    inc = study.spec.incumbent
+    rate = spec_counters(study.trials(config_key=canonical(inc)))["acceptance_rate"] if inc else None
+    if rate is not None and rate < study.spec.drift.min_acceptance_rate:
+        return d
+    d.evidence["damped"] = {"held_back_winner": d.winner, "held_back_decision": d.decision,
+                            "previous_id": previous.get("id"), "previous_created_at": previous.get("created_at"),
+                            "age_days": round(age_days, 2), "min_days_between_changes": days}
+    d.evidence["keep_reason"] = "damped"
+    why = (f"damped: the last recommendation ({fmt_config(prev_cfg)}, {age_days:.1f} days old) stands for "
+           f"{days:g} days unless the traffic drifts or vLLM changes; held back: {d.reason}")
+    return Decision("keep", why, prev_cfg, d.evidence)
+
+
+# ---- the statistics of the decision -----------------------------------------------------------
+def start_log_values(trials, statistic: str) -> list[float]:
+    """log of each start's objective (the statistic of its per-request TPOT; the traffic-weighted
+    per-level statistic for a profile study)."""
+    out = []
+    for t in trials:
+        m = t.user_attrs["measurement"]
+        v = measurement_objective(m.get("levels"), m["tpot_ms"], statistic)
+        if v > 0 and math.isfinite(v):
+            out.append(math.log(v))
+    return out
+
+
+def _matches(rec: dict, study) -> bool:
+    ev = rec.get("evidence") or {}
+    vf = rec.get("valid_for") or {}
+    spec = study.spec
+    return (vf.get("model") == spec.model and vf.get("concurrency") == spec.replay.concurrency
+            and vf.get("vllm_version") == getattr(getattr(study, "caps", None), "version", vf.get("vllm_version"))
+            and ev.get("statistic") == spec.objective.statistic
+            and vf.get("hardware") == getattr(study, "hardware", vf.get("hardware")))
+
+
+def prior_noise(study, history: list[dict] | None) -> _measure.StartNoise:
+    """Start-to-start variance known before tonight: the spec's recorded A/A prior
+    (``objective.start_noise``: a CV on ``df`` degrees of freedom) and the own-study variance of
+    up to ``HISTORY_NIGHTS`` earlier recommendations of the same model, vLLM, concurrency,
+    hardware and statistic (each night measures the baseline two or more times: free A/A data)."""
+    noise = _measure.StartNoise(0.0, 0)
+    sn = study.spec.objective.start_noise
+    if sn is not None:
+        noise += _measure.StartNoise(sn.df * math.log1p(sn.cv) ** 2, sn.df,
+                                     ({"source": "objective.start_noise", "cv": sn.cv, "df": sn.df},))
+    seen = {getattr(study, "name", None)}  # a rerun of tonight's study: its starts are already tonight's
+    for rec in (history or [])[:HISTORY_NIGHTS]:
+        own = ((rec.get("evidence") or {}).get("noise") or {}).get("study") or {}
+        sid = (rec.get("study") or {}).get("name")
+        if not own.get("df") or not _matches(rec, study) or sid in seen:
+            continue  # a resumed study writes one recommendation per run: count its starts once
+        seen.add(sid)
+        noise += _measure.StartNoise(float(own["ss"]), int(own["df"]),
+                                     ({"source": "history", "id": rec.get("id"), "study": sid, "df": int(own["df"])},))
+    return noise
+
+
+def planned_looks(spec) -> int:
+    """Confirmation rounds at which the decision may stop: ``confirm_starts`` .. ``confirm_max_starts``
+    (one when not sequential). The confidence is split evenly over them (Bonferroni), so the
+    error rate holds whichever look stops."""
+    o = spec.objective
+    return max(1, o.max_confirm_starts() - o.confirm_starts + 1) if o.confirm_starts else 1
+
+
+def _comparisons(study, history, best) -> dict:
+    """Everything the decision compares, from the stored trials."""
+    spec = study.spec
+    stat = spec.objective.statistic
+    inc = spec.incumbent
+    inc_key = canonical(inc)
+    win_key = best.user_attrs["config_key"] if best is not None else None
+    by_key: dict[str, list] = {}
+    for t in study.trials():
+        by_key.setdefault(t.user_attrs.get("config_key"), []).append(t)
+
+    def confirmed(key):
+        used, _ = usable_starts([t for t in by_key.get(key, []) if t.user_attrs.get("role") == ROLE_CONFIRM])
+        return used
+
+    # start-to-start variance: every config with 2+ usable starts, the winner's selection start
+    # excluded (it was picked for being fast: its deviation is biased)
+    samples = {}
+    for key, ts in by_key.items():
+        used, _ = usable_starts(ts)
+        if key == win_key and key != inc_key:
+            used = [t for t in used if t.user_attrs.get("role") == ROLE_CONFIRM]
+        samples[key] = start_log_values(used, stat)
+    own = _measure.pooled_start_noise(samples)
+    prior = prior_noise(study, history)
+    looks = planned_looks(spec)
+    conf = 1.0 - (1.0 - spec.guards.confidence) / looks
+    b = confirmed(NONE)
+    i = confirmed(inc_key) if inc else []
+    w = confirmed(win_key) if win_key else []
+    return {"own": own, "prior": prior, "noise": own + prior, "looks": looks, "confidence": conf,
+            "B": b, "I": i, "W": w, "stat": stat,
+            "logs": {k: start_log_values(v, stat) for k, v in (("B", b), ("I", i), ("W", w))}}
+
+
+def _ci(c: dict, ref: str, cand: str):
+    a, b = c["logs"][ref], c["logs"][cand]
+    if not a or not b:
+        return None
+    return _measure.start_ratio_ci(a, b, c["noise"], c["confidence"])
+
+
+def _fmt_ci(ci) -> str:
+    if ci is None:
+        return "not measured"
+    hi = "inf" if math.isinf(ci.high) else f"{ci.high:.2f}"
+    return f"{ci.ratio:.2f}x, {ci.confidence:.1%} CI {ci.low:.2f}-{hi}, {ci.n_a} vs {ci.n_b} starts, {ci.df} df"
+
+
+def open_question(study, history: list[dict] | None = None) -> bool:
+    """After a confirmation round: is the decision still open, so that one more interleaved round
+    (``objective.confirm_max_starts``) could settle it? Open while the comparison that decides
+    straddles its threshold, or while the incumbent looks slower than no speculation without
+    being shown slower."""
+    d = _decide(study, history)
+    return bool(d.evidence.get("open"))
+
+
+def _decide(study, history: list[dict] | None = None) -> Decision:
+    spec = study.spec
+    statistic = spec.objective.statistic
+    inc = spec.incumbent
+    inc_key = canonical(inc)
+    deployed = inc_key != NONE
+    gain = spec.objective.min_gain or 0.0
+    baseline = study.trials(config_key=NONE)
+    best = study.best(search_only=True)  # the search's pick; a fast confirmation start never re-picks
+    c = _comparisons(study, history, best)
+    conf_info = getattr(study, "confirmation", None) or {}
+    evidence: dict = {
+        "statistic": statistic,
+        "method": "t interval on log per-start " + statistic + " TPOT, confirmation starts only; "
+                  "start-to-start variance pooled over configs, nights and the spec's prior",
+        "comparison": None, "baseline": _side(baseline, statistic, c["B"]),
+        "min_gain": gain, "confidence": c["confidence"], "stated_confidence": spec.guards.confidence,
+        "looks": c["looks"],
+        "noise": {**c["noise"].to_dict(), "study": {"ss": c["own"].ss, "df": c["own"].df},
+                  "prior_df": c["prior"].df},
+        "starts": {"baseline": len(c["B"]), "incumbent": len(c["I"]) if deployed else None,
+                   "winner": len(c["W"]) if best is not None else None},
+        "confirmation": {"fresh_requests": conf_info.get("fresh_requests"), "rounds": conf_info.get("rounds"),
+                         "skipped": conf_info.get("skipped")},
+    }
+    if profile_groups(baseline):  # a concurrency profile: each start's traffic-weighted per-level statistic
+        evidence["objective"] = "traffic-weighted per-level " + statistic
+    ci_in = _ci(c, "B", "I") if deployed else None  # incumbent vs no speculation
+    if deployed:
+        evidence["incumbent"] = _side(study.trials(config_key=inc_key), statistic, c["I"])
+        evidence["incumbent"]["config"] = inc
+        evidence["incumbent_vs_none"] = ci_in.to_dict() if ci_in else None
+    keep_cfg = inc if deployed else None
+
+    def keep(code: str, why: str, open_: bool = False) -> Decision:
+        evidence["keep_reason"] = code
+        evidence["open"] = open_
+        tail = "; keep the deployed config" if deployed else "; keep serving without speculation"
+        return Decision("keep", why + tail, keep_cfg, evidence)
+
+    def disable_or(code: str, why: str, open_: bool = False) -> Decision:
+        """``disable`` when the incumbent is shown slower than no speculation, else keep. Still
+        open (another confirmation round may settle it) while the incumbent looks slower than
+        no speculation without being shown slower."""
+        if ci_in is not None and ci_in.wholly_below(1.0):
+            evidence["open"] = False
+            evidence["disable_because"] = f"the deployed config is slower than no speculation ({_fmt_ci(ci_in)})"
+            return Decision("disable", f"{why}; {evidence['disable_because']}; disable the deployed speculation",
+                            inc, evidence)
+        if ci_in is not None:
+            open_ = open_ or ci_in.ratio < 1.0
+            why += f"; the deployed config is not shown slower than no speculation ({_fmt_ci(ci_in)})"
+        return keep(code, why, open_)
+
+    if best is None:
+        evidence["comparison"] = "incumbent_vs_none" if deployed else "none"
+        return disable_or("no candidate", "no speculative configuration completed and passed the guards")
+    key = best.user_attrs["config_key"]
+    cfg = best.user_attrs["config"]
+    wtrials = study.trials(config_key=key)
+    evidence["winner"] = _side(wtrials, statistic, c["W"])
+    evidence["winner"]["config"] = cfg
+    vs_none = _ci(c, "B", "W")
+    evidence["winner_vs_none"] = vs_none.to_dict() if vs_none else None
+    eq = [t.user_attrs.get("equivalence", {}) for t in wtrials]
+    evidence["equivalence"] = {"compared": sum(e.get("compared", 0) for e in eq),
+                               "matched": sum(e.get("matched", 0) for e in eq),
+                               "min_compared": spec.guards.equivalence_min_compared}
+    bt, wt = evidence["baseline"]["output_throughput"], evidence["winner"]["output_throughput"]
+    evidence["throughput_ratio"] = wt / bt if bt and wt is not None else None
+    evidence["failed_requests"] = sum(t.user_attrs["measurement"]["summary"].get("failed", 0) for t in wtrials)
+    evidence["single_start_only"] = len(c["B"]) < 2 or len(c["W"]) < 2
+    label = fmt_config(cfg)  # noqa: F811 (a local name: the label of the winner)
+    if key == inc_key:
+        evidence["comparison"] = "incumbent_vs_none"
+        ref = vs_none if vs_none is not None else ci_in
+        if ref is not None:
+            evidence["speedup"], evidence["speedup_ci"] = ref.ratio, [ref.low, ref.high]
+        return disable_or("incumbent is the best", f"the deployed config {label} is still the best measured")
+    evidence["comparison"] = "winner_vs_incumbent" if deployed else "winner_vs_none"
+    if not c["W"]:
+        skipped = conf_info.get("skipped") or (
+            "objective.confirm_starts is 0" if not spec.objective.confirm_starts else
+            "no usable confirmation start (" + "; ".join(f"trial {x['trial']}: {x['why']}"
+                                                        for x in evidence["winner"]["excluded_starts"]) + ")"
+            if evidence["winner"]["excluded_starts"] else "the server-start budget was spent")
+        evidence["confirmation"]["skipped"] = skipped
+        return disable_or("not confirmed", f"best candidate {label} was not confirmed on fresh starts "
+                                           f"({skipped}): inconclusive, a change needs confirmation",
+                          open_=bool(evidence["winner"]["excluded_starts"]) and not conf_info.get("skipped"))
+    vs = _ci(c, "I", "W") if deployed else vs_none
+    if vs is None:
+        what = f"the deployed config {fmt_config(inc)}" if deployed else "no speculation (the baseline)"
+        return keep("reference not confirmed", f"{what} has no usable confirmation start (outside tonight's "
+                                               f"space, the budget, or every start excluded): {label} cannot be "
+                                               "compared with it; inconclusive")
+    evidence["speedup"], evidence["speedup_ci"] = vs.ratio, [vs.low, vs.high]
+    ref_name = f"the deployed {fmt_config(inc)}" if deployed else "no speculation"
+    guard_fail = _guard_failure(spec.guards, evidence)
+    if guard_fail:
+        return disable_or("guard", f"best candidate {label} fails a guard: {guard_fail}")
+    threshold = 1.0 + gain
+    starts_used = len(c["B"]) + len(c["W"]) + (len(c["I"]) if deployed else 0)
+    if vs.wholly_above(threshold):
+        why = (f"{label} is {vs.ratio:.2f}x faster in {statistic} TPOT than {ref_name} "
+               f"({vs.confidence:.1%} CI {vs.low:.2f}-{vs.high:.2f}, {vs.n_b} vs {vs.n_a} confirmation starts, "
+               f"{vs.df} df" + (f", min_gain {gain:.0%}" if gain else "") + ")")
+        evidence["open"] = False
+        return Decision("change", why, cfg, evidence)
+    if vs.high <= threshold:
+        return disable_or("not faster", f"best candidate {label} is not faster than {ref_name} by more than "
+                                        f"{gain:.0%} ({_fmt_ci(vs)})")
+    return disable_or(f"inconclusive after {starts_used} starts",
+                      f"inconclusive after {starts_used} confirmation starts: {label} vs {ref_name} "
+                      f"{_fmt_ci(vs)}, the interval straddles {threshold:.2f}", open_=True)
+
+
+def _guard_failure(guards, ev: dict) -> str | None:
+    if ev["failed_requests"] > guards.max_failed_requests:
+        return f"{ev['failed_requests']} failed requests (max {guards.max_failed_requests})"
+    eq = ev["equivalence"]
+    if eq["compared"] < guards.equivalence_min_compared:
+        ev["equivalence"]["checked"] = False
+        if guards.equivalence_required:
+            return (f"greedy equivalence not checked: {eq['compared']} greedy requests compared, "
+                    f"{guards.equivalence_min_compared} needed (guards.equivalence_min_compared; "
+                    "guards.equivalence_required: false opts out)")
+    elif eq["compared"] and eq["matched"] / eq["compared"] < guards.equivalence_min_match:
+        return f"greedy outputs matched the baseline on {eq['matched']}/{eq['compared']} requests"
+    if ev["throughput_ratio"] is not None and ev["throughput_ratio"] < guards.throughput_floor:
+        return f"throughput {ev['throughput_ratio']:.2f}x of baseline (floor {guards.throughput_floor})"
+    return None
+
+
+def _pct(c: float) -> str:
+    return f"{100 * c:.1f}".rstrip("0").rstrip(".") + "%"
+
+
+def comparison_lines(ev: dict) -> list[str]:
+    """What ``recommend show`` prints about the decision: which comparison, the starts on each
+    side, the intervals, and why a keep is a keep. Reads older files too (they compared the
+    winner with no speculation, on every start)."""
+    out = []
+    comp = ev.get("comparison") or ("winner_vs_none" if "winner" in ev else None)
+    what = {"winner_vs_incumbent": "winner vs the deployed config", "winner_vs_none": "winner vs no speculation",
+            "incumbent_vs_none": "deployed config vs no speculation"}.get(comp, comp)
+    if ev.get("speedup") is not None and ev.get("speedup_ci"):
+        lo, hi = ev["speedup_ci"]
+        hi_s = "inf" if hi is None or (isinstance(hi, float) and math.isinf(hi)) else f"{hi:.2f}"
+        out.append(f"{what}: speedup {ev['speedup']:.2f}x, {_pct(ev.get('confidence', 0.95))} CI {lo:.2f}-{hi_s}")
+    elif what:
+        out.append(f"comparison: {what}")
+    st = ev.get("starts") or {}
+    if st:
+        out.append("confirmation starts decided on: " + ", ".join(f"{k} {v}" for k, v in st.items() if v is not None))
+    n = ev.get("noise") or {}
+    if n.get("df") is not None:
+        sd = n.get("sd_log")
+        out.append(f"start-to-start noise: {'-' if sd is None else f'{sd:.1%}'} on {n['df']} df "
+                   f"({(n.get('study') or {}).get('df', 0)} from this study, {n.get('prior_df', 0)} prior)")
+    sides = [(k, label, ev.get(k)) for k, label in (("baseline", "no speculation"), ("incumbent", "deployed"),
+                                                    ("winner", "winner"))]
+    figs = [f"{label} {side['tpot_ms']:.2f} ms" + (f" ({side['server_starts']} starts)" if side.get("server_starts") else "")
+            for _, label, side in sides if side and side.get("tpot_ms") is not None]
+    if figs:
+        out.append(f"{ev.get('statistic', '')} TPOT: " + ", ".join(figs))
+    if ev.get("keep_reason"):
+        out.append(f"kept because: {ev['keep_reason']}")
+    skipped = (ev.get("confirmation") or {}).get("skipped")
+    if skipped:
+        out.append(f"confirmation: {skipped}")
+    if (ev.get("confirmation") or {}).get("fresh_requests") is False:
+        out.append("confirmation reused the search requests (the replay set is too short for fresh ones)")
+    return out
+
+
+def serve_args_for(config: dict | None) -> list[str]:
+    return ["--speculative-config", json.dumps(config, sort_keys=True)] if config else []
+
+
+def config_yaml(config: dict | None) -> str:
+    """A vLLM ``--config`` YAML fragment (keys as vLLM's CLI spells them)."""
+    if not config:
+        return "# no speculative decoding: leave speculative-config unset\n"
+    return "speculative-config: " + json.dumps(config, sort_keys=True) + "\n"
+
+
+def build(study, decision: Decision, outcome) -> dict:
+    spec = study.spec
+    now = dt.datetime.now(dt.timezone.utc)
+    deploy = decision.winner if decision.decision != "disable" else None
+    winner_trials = study.trials(config_key=canonical(decision.winner)) if decision.winner else []
+    argv = winner_trials[-1].user_attrs["measurement"]["argv"] if winner_trials else None
+    engine = _registry.for_spec(spec)
+    rec = {
+        "schema": SCHEMA,
+        "workload": spec.workload,
+        "decision": decision.decision,
+        "reason": decision.reason,
+        "speculative_config": deploy,
+        "vllm_serve_args": serve_args_for(deploy),
+        "vllm_config_yaml": config_yaml(deploy),
+        "measured_argv": argv,
+        "evidence": decision.evidence,
+        "rollback": {"speculative_config": spec.incumbent, "vllm_serve_args": serve_args_for(spec.incumbent)},
+        "valid_for": {"model": spec.model, "vllm_version": study.caps.version,
+                      "serve_args": spec.engine.serve_args, "concurrency": spec.replay.concurrency,
+                      "production_equivalent": spec.production_equivalent,
+                      "hardware": getattr(study, "hardware", None)},
+        "study": {"name": outcome.study_name, "storage": safe_url(outcome.storage), "trials": len(outcome.trials),
+                  "server_starts": outcome.server_starts, "wall_s": round(outcome.wall_s, 1),
+                  "stopped_because": outcome.stopped_because,
+                  "dropped_methods": study.space.dropped},
+        "replay_set": {"path": str(study.replay_set.path), "digest": study.replay_set.digest,
+                       "requests": len(study.replay_set.requests), "by_tag": {str(k): v for k, v in
+                                                                              study.replay_set.by_tag().items()},
+                       **replay_provenance(study.replay_set.path)},
+        "created_at": now.isoformat(timespec="seconds"),
+        "expires_at": (now + dt.timedelta(days=EXPIRY_DAYS)).isoformat(timespec="seconds"),
+        **_per_level(study, deploy),
+        **_engine_notes(study, winner_trials if deploy else []),
+        **_warnings(spec),
+    }
+    if engine.kind != "vllm":  # the engine's own deploy form (llama-server flags and LLAMA_ARG_* env)
+        for key in ("vllm_serve_args", "vllm_config_yaml"):
+            rec.pop(key)
+        rec["rollback"].pop("vllm_serve_args")
+        rec.update(engine_kind=engine.kind, **engine.deploy_fields(deploy))
+        rec["rollback"].update(engine.deploy_fields(spec.incumbent))
+        rec["valid_for"]["engine"] = f"{engine.name} {study.caps.version}"
+    return rec
+
+
+def _per_level(study, deploy: dict | None) -> dict:
+    """``per_level`` for a profile study (see ``_levels``); never costs the recommendation."""
+    spec = study.spec
+    try:
+        ev = level_evidence(study, canonical(deploy), spec.objective.statistic, spec.guards.confidence, spec.seed)
+    except Exception as e:  # noqa: BLE001 - an auxiliary block; the decision stands without it
+        return {"per_level_error": f"{type(e).__name__}: {e}"}
+    return {"per_level": ev} if ev else {}
+
+
+def _engine_notes(study, deployed_trials: list) -> dict:
+    """``engine_notes``: what vLLM's log said about the engine path of the deployed config (its
+    last measured start) and which of those the no-speculation baseline's start did not have."""
+    if not deployed_trials:
+        return {}
+    winner = deployed_trials[-1].user_attrs["measurement"].get("engine_notes")
+    if winner is None:  # measured by a version that did not read the log
+        return {}
+    base = study.trials(config_key=NONE)
+    baseline = (base[-1].user_attrs["measurement"].get("engine_notes") if base else None) or {}
+    return {"engine_notes": {"config": winner, "baseline": baseline, "not_in_baseline": added(winner, baseline)}}
+
+
+def _warnings(spec) -> dict:
+    """``warning`` (and ``benchmark_only``) for a recommendation that must not be deployed as is."""
+    out: dict = {}
+    warns = [] if spec.production_equivalent else ["NOT production-equivalent: engine setup differs"]
+    bench = spec.benchmark_only()
+    if bench:
+        out["benchmark_only"] = bench
+        warns.append("BENCHMARK ONLY: measured with synthetic acceptance (benchmark.synthetic_acceptance); "
+                     "the figures are a cost benchmark, do not deploy this recommendation")
+    if warns:
+        out["warning"] = "; ".join(warns)
+    return out
+
+
+def write_atomic(path: str | Path, payload: dict, before_replace=None) -> Path:
+    """A file SREs read (recommendation, history copy, deploy mark): ``_files.write_json`` at
+    ``SHARED`` (0640). Temp file in the same folder, fsync, rename, fsync of the folder: the old
+    file survives any failure. ``before_replace()`` runs after the fsync, before the rename (a
+    database commit that must succeed for the new file to become current); if it raises, the old
+    file stays."""
+    return write_json(path, payload, SHARED, before_replace=before_replace)
+
+
+def recommendation_path(recommendations_dir: str | Path, workload: str) -> Path:
+    return Path(recommendations_dir) / f"{workload}.json"
+
+
+def load(recommendations_dir: str | Path, workload: str) -> dict:
+    p = recommendation_path(recommendations_dir, workload)
+    try:
+        return json.loads(p.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no recommendation for workload {workload!r} at {p}") from None

@@ -1,0 +1,5 @@
+"""The built-in default: tiny Llama models with controlled greedy output and demo replay sets
+(``autotune demo setup``).
+
+May import: ``core``, ``traffic``.
+"""

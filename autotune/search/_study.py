@@ -1,0 +1,665 @@
+"""Optuna orchestration: baseline first, then the search, then a confirmation of the winner.
+
+Each trial is one server start (or none, for a configuration already measured). The study lives
+in Optuna's RDB storage (SQLite by default), named after the workload and a fingerprint of what
+was measured (replay set, model, engine setup, space), so a rerun on the same inputs resumes
+and a night with fresh traffic starts a new study.
+
+Order of work, spending server starts on purpose:
+1. the no-speculation baseline (the reference every ratio is taken against);
+2. each method at its largest K (its per-position acceptance covers every smaller K);
+3. ``objective.search``, one ``study.optimize`` whose sampler proposes each next configuration
+   (``_sampler.CandidateSampler``): by default the predictor (``_predict``) proposes what it rates
+   likely to beat the best by more than the noise, band schedules included, and stops the
+   optimization (``study.stop()``) when nothing is; ``grid``/``random`` propose every candidate;
+   ``tpe`` (or a predictor without data) goes on with the acceptance knee (``SearchSpace.knee_k``)
+   and Optuna's TPE sampler, guards as constraints, until the budget or the space runs out;
+4. ``confirm_starts`` fresh starts each of baseline, incumbent and winner, interleaved, on
+   fresh requests (more rounds up to ``confirm_max_starts`` while the decision is open): the
+   decision rests on these starts only, so the winner's selection start (the winner's curse)
+   is not in it (``_recommend``, docs/decisions.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from autotune.core._measure import pooled_start_noise
+from autotune.core._signals import signame_of
+from autotune.core._spec import StudySpec
+from autotune.core._store import open_optuna_storage
+from autotune.engines._hardware import identity
+from autotune.engines._probe import Capabilities
+from autotune.engines._recovery import StaleTrialCallback, process_identity, recover_trials, trial_id
+from autotune.search import _bands
+from autotune.search._levels import measurement_objective
+from autotune.search._sampler import MODES as SAMPLER_MODES
+from autotune.search._sampler import CandidateSampler
+from autotune.search._search import study_weights, with_profile
+from autotune.search._space import NONE, SearchSpace, canonical, in_space, params_of
+from autotune.search._trial import (Measurement, TrialFailed, batch_invariant, equivalence_requests, measure,
+                                    stall_verdict)
+from autotune.traffic import _replayset
+
+log = logging.getLogger(__name__)
+
+ROLE_BASELINE, ROLE_SEARCH, ROLE_CONFIRM = "baseline", "search", "confirm"
+# Optuna heartbeats: a trial whose process stopped beating for the grace period is failed and
+# retried by whichever worker looks next (same-host deaths are caught at once, by pid).
+HEARTBEAT_INTERVAL_S, HEARTBEAT_GRACE_S = 60, 180
+
+
+@dataclass
+class TrialEvent:
+    """What the CLI prints after each trial."""
+
+    number: int
+    role: str
+    config: dict | None
+    state: str
+    value: float | None
+    best: float | None
+    server_starts: int
+    elapsed_s: float
+    note: str = ""
+
+
+@dataclass
+class StudyOutcome:
+    study_name: str
+    storage: str
+    trials: list = field(default_factory=list)
+    server_starts: int = 0
+    wall_s: float = 0.0
+    stopped_because: str = ""
+
+
+def fingerprint(spec: StudySpec, replay_digest: str, caps: Capabilities, hardware: str | None = None) -> str:
+    """What was measured: replay set, model, engine setup, space, and (``hardware``, from
+    ``_hardware.identity``) the accelerator model and count the trials run on."""
+    blob = json.dumps({"replay": replay_digest, "model": spec.model, "serve": spec.engine.serve_args,
+                       "vllm": caps.version, "space": spec.space.model_dump(), "seed": spec.seed,
+                       "concurrency": spec.replay.concurrency,
+                       **({"benchmark": spec.benchmark.model_dump()} if spec.benchmark else {}),
+                       **({"hardware": hardware} if hardware else {})},
+                      sort_keys=True, default=str)
+    return hashlib.sha1(blob.encode()).hexdigest()[:8]
+
+
+class HardwareMismatch(ValueError):
+    """A process on other hardware tried to add trials to a study: they would not be comparable."""
+
+
+def check_hardware(storage, study_name: str | None, default_name: str, inputs: str, hardware: str,
+                   leader: bool) -> None:
+    """Refuse to pool trials from other hardware into one study (raises HardwareMismatch).
+
+    ``study_name`` given: that study, when it exists, must have been measured on ``hardware``. A
+    worker (``leader`` False) without a name looks for a study of the same inputs (``inputs``: the
+    fingerprint without hardware) on other hardware: that is the study it was meant to join."""
+    import optuna
+
+    summaries = optuna.get_all_study_summaries(storage, include_best_trial=False)
+    if study_name:
+        other = [s for s in summaries if s.study_name == study_name
+                 and s.user_attrs.get("hardware") not in (None, hardware)]
+    elif not leader and not any(s.study_name == default_name for s in summaries):
+        other = [s for s in summaries if s.user_attrs.get("inputs") == inputs
+                 and s.user_attrs.get("hardware") not in (None, hardware)]
+    else:
+        other = []
+    if other:
+        s = other[0]
+        raise HardwareMismatch(
+            f"study {s.study_name} was measured on {s.user_attrs['hardware']}, this host has {hardware}: trials from "
+            f"other hardware are not pooled into one decision (TPOT on one accelerator says nothing about another); "
+            f"run this host's own study (`autotune study start` without --study-name), or set AUTOTUNE__HARDWARE "
+            f"if the detection is wrong")
+
+
+def split_requests(spec: StudySpec, rs: _replayset.ReplaySet):
+    """Warm-up, search and confirmation requests. Confirmation gets fresh requests when the
+    replay set is large enough, so the winner is not re-judged on the requests it was picked on."""
+    reqs = rs.requests
+    w = spec.replay.warmup
+    warmup, rest = reqs[:w], reqs[w:]
+    n = spec.replay.requests or len(rest)
+    if len(rest) < spec.replay.concurrency:
+        raise ValueError(f"{rs.path}: {len(rest)} requests after warm-up, fewer than the concurrency "
+                         f"{spec.replay.concurrency}")
+    search = rest[:n]
+    confirm = rest[n:2 * n] if len(rest) >= 2 * n else search
+    return warmup, search, confirm
+
+
+class Study:
+    """One Optuna study of one workload, shared by every process that runs it.
+
+    Several processes may drive the same study (a resumed run, ``autotune worker`` on other
+    hosts): every trial first *claims* what it measures in ``autotune_claims`` (a unique key per
+    configuration, or per confirmation slot), so a configuration is measured once however many
+    workers propose it, and records its owner (host, pid) so that a restart can tell a trial
+    whose process died from one still running elsewhere (``_recovery``).
+    """
+
+    def __init__(self, spec: StudySpec, caps: Capabilities, space: SearchSpace, storage: str,
+                 command: list[str], home: Path, study_name: str | None = None,
+                 on_event: Callable[[TrialEvent], None] | None = None, *, store=None,
+                 pid_dir: Path | None = None, sampler_seed: int | None = None,
+                 warm_start: list[dict] | None = None, leader: bool = True, run_id: str | None = None,
+                 poll_s: float = 2.0, hardware: str | None = None,
+                 fidelity_check: Callable[["Study"], object] | None = None):
+        import optuna
+
+        self.spec, self.caps, self.space = spec, caps, space
+        self.command, self.home = command, home
+        self.on_event = on_event or (lambda e: None)
+        self.store, self.pid_dir, self.leader, self.run_id, self.poll_s = store, pid_dir, leader, run_id, poll_s
+        self.fidelity_check = fidelity_check
+        """``trust._gate.check_study`` in a run with ``production.telemetry``: called after the incumbent's
+        trial, before any search; raises to stop the study (the runner passes it in)."""
+        self.warm_start = list(warm_start or [])
+        self.notes: list[str] = []
+        self.replay_set = _replayset.load(spec.replay.path)
+        # bands without replay.levels: levels from the traffic
+        self.spec = spec = with_profile(spec, self.replay_set, self.notes)
+        self.warmup, self.search_reqs, self.confirm_reqs = split_requests(spec, self.replay_set)
+        self.equivalence_reqs = equivalence_requests(spec, self.search_reqs)  # sampled traffic: greedy copies
+        if self.equivalence_reqs and not batch_invariant(spec):
+            self.notes.append("equivalence: the engine's greedy outputs depend on which requests share a batch; "
+                              f"{len(self.equivalence_reqs)} greedy requests are replayed one at a time after each "
+                              "start's measured requests (their outputs only)")
+        elif self.equivalence_reqs:
+            self.notes.append(f"equivalence: {len(self.equivalence_reqs)} greedy copies of sampled requests are "
+                              "replayed after each start's measured requests (their outputs only)")
+        self.hardware = hardware or identity(spec.engine.env)
+        self.inputs = fingerprint(spec, self.replay_set.digest, caps)
+        self.fingerprint = fingerprint(spec, self.replay_set.digest, caps, self.hardware)
+        self.name = study_name or f"{spec.study_name}-{self.fingerprint}"
+        self.storage_url = storage
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            tpe = optuna.samplers.TPESampler(seed=spec.seed if sampler_seed is None else sampler_seed,
+                                             n_startup_trials=4, multivariate=True, group=True)
+            sampler = tpe if spec.objective.search not in SAMPLER_MODES else CandidateSampler(
+                spec, space, mode=spec.objective.search, bands_max_batch=self._bands_max_batch(spec, caps),
+                fallback=tpe, notes=self.notes)
+            self.storage = open_optuna_storage(
+                storage, heartbeat_interval=HEARTBEAT_INTERVAL_S, grace_period=HEARTBEAT_GRACE_S,
+                heartbeat_stale_trial_callback=StaleTrialCallback(on_failed=self._record_trial))
+        check_hardware(self.storage, study_name, self.name, self.inputs, self.hardware, leader)
+        self.sampler = sampler
+        self.study = optuna.create_study(study_name=self.name, storage=self.storage, direction="minimize",
+                                         sampler=sampler, load_if_exists=True)
+        if self.study.user_attrs.get("hardware") is None:
+            self.study.set_user_attr("hardware", self.hardware)
+            self.study.set_user_attr("inputs", self.inputs)
+        if self.study.user_attrs.get("workload") != spec.workload:
+            self.study.set_user_attr("workload", spec.workload)
+            self.study.set_user_attr("replay_digest", self.replay_set.digest)
+            self.study.set_user_attr("vllm_version", caps.version)
+        if store is not None:
+            store.record_study(self.name, spec.workload, self.fingerprint, spec.model, caps.version,
+                               str(self.replay_set.path), self.replay_set.digest)
+        self.t0 = time.monotonic()
+        self.current_server = None
+        self.stopped_because = ""
+        # set by the caller that decides (``_recommend.open_question``): one more confirmation round?
+        self.confirm_open: Callable[[], bool] | None = None
+        self.confirmation: dict = {}
+        if self.confirm_reqs is self.search_reqs and spec.objective.confirm_starts:
+            self.notes.append(f"confirmation reuses the search requests: {len(self.replay_set.requests)} requests "
+                              f"in the replay set, fewer than warm-up + 2 x {len(self.search_reqs)} needed for fresh "
+                              "ones (the decision says so)")
+        self._dupes = 0
+        self.recovered = self.recover()
+
+    # ---- bookkeeping over stored trials -------------------------------------------------
+    def trials(self, role: str | None = None, config_key: str | None = None, complete=True):
+        import optuna
+
+        out = []
+        for t in self.study.get_trials(deepcopy=False):
+            if complete and t.state != optuna.trial.TrialState.COMPLETE:
+                continue
+            if role and t.user_attrs.get("role") != role:
+                continue
+            if config_key and t.user_attrs.get("config_key") != config_key:
+                continue
+            out.append(t)
+        return out
+
+    def _in_state(self, states, claim_key: str | None = None) -> list:
+        return [t for t in self.study.get_trials(deepcopy=False, states=states)
+                if claim_key is None or _claim_key_of(t) == claim_key]
+
+    def server_starts(self) -> int:
+        return sum(int(t.user_attrs.get("server_starts", 0)) for t in self.study.get_trials(deepcopy=False)
+                   if t.state.name != "WAITING")
+
+    def search_trials(self) -> int:
+        return sum(1 for t in self.study.get_trials(deepcopy=False)
+                   if t.user_attrs.get("role") in (ROLE_BASELINE, ROLE_SEARCH)
+                   and t.user_attrs.get("server_starts", 0) and t.state.name != "WAITING")
+
+    def start_to_start_noise(self, m: Measurement) -> dict:
+        """Start-to-start noise as known when ``m`` is recorded: the sd of log per-start objective
+        (about the CV) of this configuration's starts so far, ``m`` included, and of every
+        configuration with repeated starts pooled (``_measure.pooled_start_noise``), with its
+        degrees of freedom. Stalled starts are left out (their TPOT is biased)."""
+        stat = self.spec.objective.statistic
+        samples: dict[str, list[float]] = {}
+
+        def add(key: str, levels, tpots) -> None:
+            v = measurement_objective(levels, tpots, stat) if tpots else float("nan")
+            if v > 0 and math.isfinite(v):
+                samples.setdefault(key, []).append(math.log(v))
+
+        for t in self.trials():
+            mm = t.user_attrs.get("measurement")
+            if mm and not t.user_attrs.get("stalled"):
+                add(t.user_attrs.get("config_key"), mm.get("levels"), mm.get("tpot_ms"))
+        key = canonical(m.config)
+        if not (m.summary.get("stall") or {}).get("stalled"):
+            add(key, m.levels, m.tpot_ms)
+        own, pooled = pooled_start_noise({key: samples.get(key, [])}), pooled_start_noise(samples)
+        return {"config_starts": len(samples.get(key, [])), "config_sd_log": own.sd if own.df else None,
+                "study_sd_log": pooled.sd if pooled.df else None, "study_df": pooled.df}
+
+    def baseline_outputs(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for t in self.trials(config_key=NONE):
+            out.update(t.user_attrs.get("measurement", {}).get("outputs", {}))
+        return out
+
+    def baseline_throughput(self) -> float | None:
+        vals = [t.user_attrs["measurement"]["summary"]["output_throughput_tok_s"] for t in self.trials(config_key=NONE)]
+        return sum(vals) / len(vals) if vals else None
+
+    def best(self, search_only: bool = False):
+        """Best feasible measured speculative config (by the objective), or None. ``search_only``:
+        among the search's starts (the winner the search picked; a confirmation start never
+        re-picks it)."""
+        cands = [t for t in self.trials() if t.user_attrs.get("config_key") != NONE
+                 and (not search_only or t.user_attrs.get("role") != ROLE_CONFIRM)
+                 and t.constraints and all(c <= 0 for c in t.constraints.values())]
+        return min(cands, key=self.objective_of) if cands else None
+
+    def objective_of(self, t) -> float:
+        """The trial's objective as this version computes it, from its stored measurement.
+        Optuna's stored value is what the version that measured it computed: a study resumed
+        after the objective changed (profile studies once pooled both levels' requests) would
+        otherwise rank old and new trials on different figures."""
+        m = t.user_attrs.get("measurement") or {}
+        if not m.get("tpot_ms"):
+            return t.value
+        return measurement_objective(m.get("levels"), m["tpot_ms"], self.spec.objective.statistic)
+
+    # ---- recovery and claims --------------------------------------------------------------
+    def recover(self) -> list[int]:
+        """Fail (with the reason) and re-enqueue trials whose process died; see ``_recovery``."""
+        done = recover_trials(self.study, self.storage, on_failed=self._record_trial)
+        if done:
+            self.notes.append(f"resumed: trial(s) {', '.join(map(str, done))} were interrupted and are retried")
+        return done
+
+    def _may_take_over(self, holder: int, role: str) -> bool:
+        """A claim passes on when its trial gave up: pruned, interrupted, or failed. A search trial
+        does not retry a configuration vLLM already refused (that would only spend a start)."""
+        t = self.storage.get_trial(trial_id(self.study, self.storage, holder))
+        if t.state.name == "PRUNED":
+            return True
+        if t.state.name == "FAIL":
+            return role != ROLE_SEARCH or bool(t.user_attrs.get("interrupted")) or "error" not in t.user_attrs
+        return False
+
+    def _claim(self, trial, claim_key: str, role: str) -> None:
+        import optuna
+
+        if self.store is None:
+            return
+        ok, holder = self.store.claim(self.name, claim_key, trial.number, lambda h: self._may_take_over(h, role))
+        if not ok:
+            trial.set_user_attr("duplicate", True)
+            raise optuna.TrialPruned(f"trial {holder} measures {claim_key}")
+
+    # ---- the objective --------------------------------------------------------------------
+    def objective(self, trial) -> float:
+        import optuna
+
+        trial.set_user_attr("owner", process_identity())
+        role = trial.user_attrs.get("role") or ROLE_SEARCH
+        trial.set_user_attr("role", role)
+        proposal = self.study.sampler.proposal(trial.number) if isinstance(self.study.sampler, CandidateSampler) \
+            else None
+        if proposal is not None and proposal.action == "stop":
+            trial.set_user_attr("stop", proposal.reason)
+            self.stopped_because = proposal.reason
+            trial.study.stop()  # the sampler's decision ends study.optimize; no server starts
+            raise optuna.TrialPruned(proposal.reason)
+        for k, v in (proposal.attrs.items() if proposal is not None else ()):
+            trial.set_user_attr(k, v)
+        config = _bands.apply(self.space.suggest(trial), trial.user_attrs.get("bands"))
+        key = canonical(config)
+        trial.set_user_attr("config", config)
+        trial.set_user_attr("config_key", key)
+        claim_key = trial.user_attrs.get("claim_key") or key
+        trial.set_user_attr("claim_key", claim_key)
+        if role != ROLE_CONFIRM and self.trials(config_key=key):
+            trial.set_user_attr("duplicate", True)
+            raise optuna.TrialPruned(f"already measured: {key}")
+        if role == ROLE_SEARCH and key == NONE and self.trials(config_key=NONE):
+            raise optuna.TrialPruned("baseline already measured")
+        self._claim(trial, claim_key, role)
+        reqs = self.confirm_reqs if role == ROLE_CONFIRM else self.search_reqs
+        log_path = self.home / "logs" / self.name / f"trial-{trial.number:04d}.log"
+        trial.set_user_attr("log_path", str(log_path))
+        trial.set_user_attr("vllm_version", self.caps.version)
+        trial.set_user_attr("hardware", self.hardware)
+        trial.set_user_attr("server_starts", 1)
+        if self.run_id:
+            trial.set_user_attr("run_id", self.run_id)
+        try:
+            m = measure(self.spec, config, reqs, self.warmup, log_path, self.command,
+                        on_server=self._track_server, pid_dir=self.pid_dir,
+                        extra_args=self.caps.per_request_metrics_args(config is not None),
+                        **({"equivalence": self.equivalence_reqs} if self.equivalence_reqs else {}))
+        except TrialFailed as e:
+            trial.set_user_attr("error", e.reason)
+            raise
+        except KeyboardInterrupt as e:
+            # measure() has stopped the server on its way out; say why the trial failed
+            trial.set_user_attr("error", f"interrupted by {signame_of(e)}: vllm serve stopped, trial not measured")
+            trial.set_user_attr("interrupted", True)
+            raise
+        return self._record(trial, m, role)
+
+    def _track_server(self, server) -> None:
+        self.current_server = server
+
+    def _record(self, trial, m: Measurement, role: str) -> float:
+        g = self.spec.guards
+        stall_verdict(m.summary, m.tpot_source)  # idempotent: measure() sets it; other producers too
+        failed = m.summary.get("failed", 0)
+        value = measurement_objective(m.levels, m.tpot_ms, self.spec.objective.statistic) if m.tpot_ms else float("inf")
+        base_out = self.baseline_outputs() if m.config else m.outputs
+        compared = [rid for rid in m.outputs if rid in base_out]
+        matched = sum(1 for rid in compared if m.outputs[rid] == base_out[rid])
+        match_frac = matched / len(compared) if compared else 1.0
+        base_tp = self.baseline_throughput() if m.config else m.summary["output_throughput_tok_s"]
+        tp_ratio = m.summary["output_throughput_tok_s"] / base_tp if base_tp else 1.0
+        constraints = [float(failed - g.max_failed_requests), g.equivalence_min_match - match_frac,
+                       g.throughput_floor - tp_ratio]
+        trial.set_user_attr("measurement", m.to_attrs())
+        trial.set_user_attr("equivalence", {"compared": len(compared), "matched": matched})
+        trial.set_user_attr("throughput_ratio", tp_ratio)
+        for name, c in zip(("failed_requests", "equivalence", "throughput_floor"), constraints):
+            trial.set_constraint(name, c)
+        if m.config and m.config.get(_bands.BANDS_KEY):  # did the schedule take effect? (see _bands.verify)
+            _bands.check_trial(trial, m, next((t.user_attrs["measurement"].get("levels") for t in self.trials(config_key=NONE)), None))
+        # the one stall truth (``_trial.stall_verdict``): client-side TPOT biased by TTFT stalls
+        trial.set_user_attr("stalled", bool((m.summary.get("stall") or {}).get("stalled", False)))
+        trial.set_user_attr("noise", {"within_start": m.summary.get("noise"),
+                                      "start_to_start": self.start_to_start_noise(m)})
+        if not m.tpot_ms:
+            trial.set_user_attr("error", "no request completed: " + "; ".join(m.errors[:3]))
+        return value
+
+    def _record_trial(self, frozen) -> None:
+        """The trial's headline numbers into autotune_trials (SRE reports, exporter)."""
+        if self.store is None or frozen.state.name in ("WAITING", "RUNNING", "PRUNED"):
+            return  # pruned trials started nothing (duplicates, already measured)
+        m = frozen.user_attrs.get("measurement") or {}
+        d = m.get("spec_delta") or {}
+        cfg = frozen.user_attrs.get("config") or {}
+        owner = frozen.user_attrs.get("owner") or {}
+        try:
+            self.store.upsert_trial({
+                "study_name": self.name, "trial_number": frozen.number,
+                "run_id": frozen.user_attrs.get("run_id") or self.run_id, "workload": self.spec.workload,
+                "role": frozen.user_attrs.get("role"), "config_key": frozen.user_attrs.get("config_key"),
+                "method": cfg.get("method") if cfg else ("none" if "config" in frozen.user_attrs else None),
+                "k": cfg.get("num_speculative_tokens") if cfg else None, "state": frozen.state.name,
+                "tpot_ms": frozen.value if frozen.state.name == "COMPLETE" and frozen.value != float("inf") else None,
+                "acceptance_length": d.get("acceptance_length"), "acceptance_rate": d.get("acceptance_rate"),
+                "output_tok_s": (m.get("summary") or {}).get("output_throughput_tok_s"),
+                "failed_requests": (m.get("summary") or {}).get("failed"),
+                "server_starts": int(frozen.user_attrs.get("server_starts", 0)),
+                "start_seconds": m.get("start_seconds"),
+                "error": frozen.user_attrs.get("error") or (str(frozen.system_attrs.get("fail_reason", ""))[:500] or None),
+                "host": owner.get("host"), "log_path": frozen.user_attrs.get("log_path")})
+        except Exception as e:  # the report table must never fail a study
+            log.warning("cannot record trial %s in autotune_trials: %s", frozen.number, e)
+
+    # ---- driving -------------------------------------------------------------------------
+    def _bands_max_batch(self, spec: StudySpec, caps: Capabilities) -> int | None:
+        """The largest batch a band schedule covers, when bands are searched (a profile of 2+ levels)."""
+        if spec.space.bands.enabled and len(study_weights(spec)) >= 2:
+            if caps.supports_bands():
+                return int(spec.engine.serve_args.get("max_num_seqs") or 256)
+            self.notes.append(f"bands: vLLM {caps.version} has no num_speculative_tokens_per_batch_size")
+        return None
+
+    def _budget_left(self, reserve: int = 0) -> str | None:
+        b = self.spec.budget
+        if self.server_starts() + reserve >= b.max_server_starts:
+            return f"server-start budget ({b.max_server_starts}) reached"
+        if self.search_trials() >= b.max_trials:
+            return f"trial budget ({b.max_trials}) reached"
+        if (time.monotonic() - self.t0) / 60 >= b.max_wall_minutes:
+            return f"wall-time budget ({b.max_wall_minutes} min) reached"
+        if len({t.user_attrs.get("config_key") for t in self.trials()}) >= self.space.size():
+            return "every configuration in the space was measured"
+        return None
+
+    def confirm_reserve(self) -> int:
+        """Server starts the search leaves for ``confirm_starts`` rounds of baseline, incumbent
+        (when deployed) and winner."""
+        return (3 if self.spec.incumbent else 2) * self.spec.objective.confirm_starts
+
+    def _callback(self, study, frozen) -> None:
+        import optuna
+
+        self._record_trial(frozen)
+        if frozen.user_attrs.get("stop"):
+            return  # the sampler's stop: nothing was measured, study.stop() was called
+        best = self.best()
+        self.on_event(TrialEvent(
+            number=frozen.number, role=frozen.user_attrs.get("role", ROLE_SEARCH),
+            config=frozen.user_attrs.get("config"), state=frozen.state.name,
+            value=frozen.value if frozen.state == optuna.trial.TrialState.COMPLETE else None,
+            best=self.objective_of(best) if best else None, server_starts=self.server_starts(),
+            elapsed_s=time.monotonic() - self.t0,
+            note=frozen.user_attrs.get("error", "") or ("duplicate" if frozen.user_attrs.get("duplicate") else "")))
+        reason = self._budget_left(reserve=self.confirm_reserve()
+                                   if frozen.user_attrs.get("role") != ROLE_CONFIRM else 0)
+        self._dupes = self._dupes + 1 if frozen.user_attrs.get("duplicate") else 0
+        if self._dupes >= 25:
+            reason = "the sampler keeps proposing measured configurations"
+        if reason and frozen.user_attrs.get("role") != ROLE_CONFIRM:
+            self.stopped_because = reason
+            study.stop()
+
+    def _optimize_one(self) -> None:
+        self.study.optimize(self.objective, n_trials=1, catch=(TrialFailed,), callbacks=[self._callback],
+                            gc_after_trial=False)
+
+    def _run_enqueued(self, params: dict, role: str, claim_key: str | None = None, attrs: dict | None = None) -> None:
+        """Enqueue (unless a retry of it already waits) and run until it is no longer waiting.
+        Optuna hands out the oldest waiting trial first, so retries of interrupted trials run
+        first; a trial another worker picks up is simply no longer ours to wait for.
+        ``attrs``: more user attributes (the predictor's prediction; ``bands``: a band schedule)."""
+        from optuna.trial import TrialState
+
+        key = canonical(_bands.apply(self.space.config_from_params(params), (attrs or {}).get("bands")))
+        claim_key = claim_key or key
+        if not self._in_state((TrialState.WAITING,), claim_key):
+            self.study.enqueue_trial(params, user_attrs={**(attrs or {}), "role": role, "config_key": key,
+                                                         "claim_key": claim_key}, skip_if_exists=False)
+        while self._in_state((TrialState.WAITING,), claim_key):
+            self._optimize_one()
+
+    def _wait_while_running(self, claim_key: str | None = None, timeout_s: float | None = None) -> None:
+        """Another worker is measuring it (or anything, when ``claim_key`` is None): wait, and
+        fail its trial if that worker dies meanwhile (heartbeat), so the wait ends."""
+        from optuna.trial import TrialState
+
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while self._in_state((TrialState.RUNNING,), claim_key):
+            if deadline is not None and time.monotonic() > deadline:
+                return
+            time.sleep(self.poll_s)
+            self.recover()
+
+    def run(self) -> StudyOutcome:
+        from optuna.trial import TrialState
+
+        self._dupes = 0
+        reserve = self.confirm_reserve()
+        while not self.trials(config_key=NONE) and not self._budget_left(reserve):
+            if self._in_state((TrialState.RUNNING,), NONE):
+                self._wait_while_running(NONE)          # another worker runs the baseline
+            elif not self._in_state((TrialState.WAITING,), NONE) and self._baseline_failed_here():
+                break
+            else:
+                self._run_enqueued({"method": NONE}, ROLE_BASELINE)
+        if not self.trials(config_key=NONE):
+            raise TrialFailed("the no-speculation baseline failed; nothing can be compared "
+                              f"(see {self.home / 'logs' / self.name})")
+        for cfg in ([self.spec.incumbent] if self.spec.incumbent else []) + self.warm_start:
+            params = self._enqueueable(cfg)
+            if params and not self.trials(config_key=canonical(cfg)) and not self._budget_left(reserve):
+                self._run_enqueued(params, ROLE_SEARCH)
+        self.fidelity = None
+        if self.leader and self.spec.production.telemetry and self.fidelity_check is not None:
+            self.fidelity = self.fidelity_check(self)  # no search on a replay that misses production
+        for method in self.space.methods:
+            if self._budget_left(reserve):
+                break
+            params = self.space.params_for(method)
+            if not self.trials(config_key=canonical(self.space.config_from_params(params))):
+                self._run_enqueued(params, ROLE_SEARCH)
+        # objective.search: the sampler (predictor, grid, random: _sampler.CandidateSampler; tpe) drives
+        # study.optimize; TPE first measures each method's acceptance knee (SearchSpace.knee_k)
+        searched = isinstance(self.study.sampler, CandidateSampler)
+        for method in ([] if searched else self.space.methods):
+            top = self.trials(config_key=canonical(self.space.config_from_params(self.space.params_for(method))))
+            rates = top[0].user_attrs["measurement"]["spec_delta"].get("per_position_rates") if top else None
+            knee = self.space.knee_k(method, rates or [])
+            params = self.space.params_for(method, knee) if knee else None
+            if params and not self._budget_left(reserve) and \
+                    not self.trials(config_key=canonical(self.space.config_from_params(params))):
+                self._run_enqueued(params, ROLE_SEARCH)
+        if not self._budget_left(reserve):
+            self.study.optimize(self.objective, catch=(TrialFailed,), callbacks=[self._callback],
+                                gc_after_trial=False)
+        self.stopped_because = self.stopped_because or self._budget_left(reserve) or "search finished"
+        if self.stopped_because and self.leader:
+            self.study.set_user_attr("stopped_because", self.stopped_because)
+        if self.leader:
+            self._wait_while_running()  # other workers' last trials belong in the decision
+            self.confirm()
+        return StudyOutcome(study_name=self.name, storage=self.storage_url,
+                            trials=self.study.get_trials(deepcopy=False), server_starts=self.server_starts(),
+                            wall_s=time.monotonic() - self.t0, stopped_because=self.stopped_because)
+
+    def _baseline_failed_here(self) -> bool:
+        """The baseline failed in this process already: do not start it again and again."""
+        import os
+
+        return any(t.user_attrs.get("config_key") == NONE and t.state.name == "FAIL"
+                   and (t.user_attrs.get("owner") or {}).get("pid") == os.getpid()
+                   and not t.user_attrs.get("interrupted")
+                   for t in self.study.get_trials(deepcopy=False))
+
+    def _enqueueable(self, config: dict | None) -> dict | None:
+        """Optuna params for a known config (incumbent, yesterday's winner), or None when the
+        space cannot express it (method dropped, K or knob outside the spec's lists)."""
+        if not config:
+            return None
+        if config.get("method") not in self.space.methods:
+            self.notes.append(f"warm start {canonical(config)} skipped: method not in tonight's space")
+            return None
+        params = params_of(config, self.space)
+        ok = self.space.config_from_params(params) == config and in_space(self.space, params)
+        if not ok:
+            self.notes.append(f"warm start {canonical(config)} skipped: outside the spec's space")
+            return None
+        return params
+
+    def confirm(self) -> None:
+        """Fresh starts of baseline, incumbent and winner on the confirmation requests, interleaved
+        round by round (slow drift of the host hits each side alike), ``confirm_starts`` each;
+        then, while ``confirm_open()`` says the decision is still open, more rounds up to
+        ``confirm_max_starts``. The decision uses these starts only (the winner's selection start
+        is not among them). What ran, and why a round did not, is kept in ``self.confirmation``
+        for the decision to state."""
+        best = self.best(search_only=True)
+        obj = self.spec.objective
+        n, most = obj.confirm_starts, obj.max_confirm_starts()
+        self.confirmation = {"planned": n, "max": most, "rounds": 0, "skipped": None,
+                             "fresh_requests": self.confirm_reqs is not self.search_reqs}
+        if best is None:
+            self.confirmation["skipped"] = "no candidate to confirm"
+            return
+        if n == 0:
+            self.confirmation["skipped"] = "objective.confirm_starts is 0"
+            return
+        wkey = best.user_attrs["config_key"]
+        sides = [({"method": NONE}, NONE, None)]
+        inc = self.spec.incumbent
+        if inc and canonical(inc) != wkey:
+            params = self._enqueueable(inc)
+            if params is None:
+                self.notes.append(f"the incumbent {canonical(inc)} cannot be confirmed: outside tonight's space")
+            else:
+                sides.append((params, canonical(inc), None))
+        bands = best.user_attrs.get("bands")
+        sides.append((dict(best.params), wkey, {"bands": bands} if bands else None))
+        for i in range(most):
+            done = all(len(self.trials(role=ROLE_CONFIRM, config_key=key)) > i for _, key, _ in sides)
+            if not done and i >= n and not (self.confirm_open is not None and self.confirm_open()):
+                break  # the decision is settled (or nobody asks): no further round
+            for params, key, attrs in sides:
+                have = self.trials(role=ROLE_CONFIRM, config_key=key)
+                slot = f"confirm/{i}/{key}"
+                if len(have) > i or any(_claim_key_of(t) == slot for t in have):
+                    continue
+                if self.server_starts() >= self.spec.budget.max_server_starts:
+                    if i < n:
+                        self.confirmation["skipped"] = (f"the server-start budget ({self.spec.budget.max_server_starts})"
+                                                        f" was spent after {i} of {n} confirmation rounds")
+                    else:
+                        self.confirmation["stopped"] = f"server-start budget spent after {i} rounds"
+                    return
+                self._run_enqueued(params, ROLE_CONFIRM, claim_key=slot, attrs=attrs)
+            self.confirmation["rounds"] = i + 1
+
+    def fail_own_running(self, reason: str) -> None:
+        """After an interrupt: any trial of this process still RUNNING is failed with the reason."""
+        import os
+
+        from optuna.trial import TrialState
+
+        for t in self._in_state((TrialState.RUNNING,)):
+            if (t.user_attrs.get("owner") or {}).get("pid") == os.getpid():
+                try:
+                    tid = trial_id(self.study, self.storage, t.number)
+                    self.storage.set_trial_user_attr(tid, "error", reason)
+                    self.storage.set_trial_user_attr(tid, "interrupted", True)
+                    self.storage.set_trial_state_values(tid, state=TrialState.FAIL)
+                    self._record_trial(self.storage.get_trial(tid))
+                except Exception:
+                    pass
+
+
+def _claim_key_of(t) -> str | None:
+    return t.user_attrs.get("claim_key") or t.user_attrs.get("config_key")

@@ -1,0 +1,313 @@
+"""One measurement: start a server with one speculative config, replay, scrape, stop.
+
+Everything a later decision needs is kept in the returned ``Measurement`` (and from there in the
+trial's user attributes): per-request TPOTs for the bootstrap, output digests for the greedy
+equivalence check, the server-side counters for acceptance, and the exact argv that ran.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from autotune.core._spec import StudySpec
+from autotune.engines import _metrics, _registry, _serverlog
+from autotune.engines._engine import ServerStartError, VllmServer, free_port
+from autotune.replay import _replay
+from autotune.replay._profile import ProfileRun
+from autotune.search._bands import run_profile_scraped, scraped_profile_run
+from autotune.traffic._replayset import ReplayRequest
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Measurement:
+    config: dict | None
+    argv: list[str]
+    log_path: str
+    start_seconds: float
+    wall_seconds: float
+    summary: dict
+    spec_delta: dict
+    tpot_ms: list[float]
+    """Per-request TPOT the study decides on: the engine's own (see ``request_tpot``)."""
+    client_tpot_ms: list[float]
+    tpot_source: str
+    tags: list[str | None] = field(default_factory=list)
+    """workload tag of each entry of ``tpot_ms``: per-tag breakdowns of one deployment's traffic."""
+    outputs: dict[str, str] = field(default_factory=dict)
+    """request id -> sha1 of the generated text, greedy requests only."""
+    errors: list[str] = field(default_factory=list)
+    levels: dict[str, dict] = field(default_factory=dict)
+    """``replay.mode: profile``: per level (``"4"``) its weight, in-window ``tpot_ms`` (engine's),
+    ``client_tpot_ms``, ``tags``, ``tpot`` (the objective statistic) and ``summary``; ``tpot_ms``
+    above is then the levels pooled with their weights (see ``_profile``). Empty otherwise."""
+    engine_notes: dict[str, dict] = field(default_factory=dict)
+    """what the server log said about the engine's path (``_serverlog.scan``)."""
+    tpot_mixed: dict[str, int] = field(default_factory=dict)
+    """set when some requests had the engine's TPOT and others only the client's: the counts of
+    each (``tpot_ms`` then keeps the engine's only; ``tpot_source`` is ``mixed``)."""
+
+    def to_attrs(self) -> dict:
+        return asdict(self)
+
+
+class TrialFailed(RuntimeError):
+    """A trial that produced no measurement; ``reason`` is what the study records."""
+
+    def __init__(self, reason: str, log_path: str | None = None, start_seconds: float | None = None):
+        super().__init__(reason)
+        self.reason = reason
+        self.log_path = log_path
+        self.start_seconds = start_seconds
+
+
+def digest(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def batch_invariant(spec: StudySpec) -> bool:
+    """Whether the engine's greedy outputs of concurrent requests can be compared (see
+    ``Engine.batch_invariant``); if not, only one-at-a-time replays are."""
+    return _registry.for_spec(spec).batch_invariant(spec.engine.serve_args)
+
+
+def equivalence_requests(spec: StudySpec, requests: list[ReplayRequest]) -> list[ReplayRequest]:
+    """The greedy requests replayed after the measured part of every start, for their outputs
+    only (their timings are not measured), so the equivalence check compares enough outputs.
+
+    Batch-invariant engine: greedy copies of sampled requests when the measured ones hold fewer
+    greedy requests than ``guards.equivalence_min_compared`` (the measured greedy outputs count).
+    Otherwise the measured outputs cannot be compared, so up to that many greedy requests (copies
+    of sampled ones) are replayed one at a time, with the engine's ``equivalence_body`` added."""
+    n = spec.guards.equivalence_min_compared
+    engine = _registry.for_spec(spec)
+    if not engine.batch_invariant(spec.engine.serve_args):
+        extra = engine.equivalence_body or {}
+        return [replace(g, body={**g.body, **extra}) for g in
+                (r if r.greedy else r.greedy_copy() for r in requests[:n])]
+    need = n - sum(1 for r in requests if r.greedy)
+    return [r.greedy_copy() for r in requests if not r.greedy][:max(need, 0)]
+
+
+def measure(spec: StudySpec, config: dict | None, requests: list[ReplayRequest],
+            warmup: list[ReplayRequest], log_path: Path, command: list[str],
+            on_server=None, extra_args: dict | None = None, pid_dir: Path | None = None,
+            equivalence: list[ReplayRequest] | None = None) -> Measurement:
+    """Run one server start. Raises TrialFailed (with vLLM's reason) when the server won't start,
+    dies during the replay (``kill -9``, OOM, a crash: the trial fails, the study goes on), or
+    the replay itself breaks.
+
+    ``extra_args`` are the tuner's own serve args (per-request metrics). ``equivalence``: greedy
+    copies replayed after the measured part, for their outputs only (``equivalence_requests``).
+
+    ``on_server`` is called with the running VllmServer, so a signal handler can stop it.
+    ``pid_dir`` gets the server's pidfile while it runs (see ``_recovery``).
+    """
+    port = free_port()
+    serve_args = {**spec.engine.serve_args, **(extra_args or {})}
+    # benchmark-only additions (synthetic acceptance) go to the server, never into ``config``
+    run_config = spec.run_config(config)
+    engine = _registry.for_spec(spec)
+    invariant = engine.batch_invariant(serve_args)  # else outputs only from one-at-a-time replays
+    argv = engine.build_argv(command, spec.model, serve_args, run_config, port, spec.served_model_name)
+    server = VllmServer(argv=argv, port=port, log_path=log_path, env=dict(spec.engine.env),
+                        start_timeout_s=spec.engine.start_timeout_s, stop_timeout_s=spec.engine.stop_timeout_s,
+                        pid_dir=pid_dir, **engine.server_kwargs())
+    t0 = time.monotonic()
+    try:
+        if on_server:
+            on_server(server)
+        try:
+            server.start()
+        except ServerStartError as e:
+            raise TrialFailed(e.reason, str(e.log_path)) from None
+        model = spec.served_model_name or spec.model
+        try:
+            run, before, after = asyncio.run(_replay_with_scrape(server.base_url, model, requests, warmup, spec))
+            eq_run = asyncio.run(_replay.run_closed_loop(
+                server.base_url, model, equivalence, spec.replay.concurrency if invariant else 1,
+                timeout_s=spec.replay.timeout_s)) if equivalence else None
+        except Exception as e:  # a dead server surfaces here as a refused /metrics scrape
+            died = server.death(grace_s=5.0)
+            reason = (f"{engine.server} died during the replay ({died})" if died
+                      else f"the replay failed: {type(e).__name__}: {e}")
+            raise TrialFailed(reason, str(log_path), server.start_seconds) from None
+        died = server.death() if server.proc is not None else "not running"
+        if died:
+            raise TrialFailed(f"{engine.server} died during the replay ({died})", str(log_path), server.start_seconds)
+    finally:
+        server.stop()
+        if on_server:
+            on_server(None)
+    d = _metrics.delta(before, after)
+    ok = run.ok()
+    failed = run.failed()
+    outputs = {r.id: digest(r.text) for r in ok if invariant and _is_greedy([*warmup, *requests], r.id)}
+    if eq_run is not None:  # greedy copies of sampled requests: outputs only, after the measured part
+        outputs.update({r.id: digest(r.text) for r in eq_run.ok()})
+    levels: dict[str, dict] = {}
+    if isinstance(run, ProfileRun):  # the levels pooled with their traffic weights
+        timed = run.weighted_tpots(request_tpot)
+        client_tpots = [v for v, _ in run.weighted_tpots(lambda r: (r.tpot_ms, "client"))]
+        levels = run.level_details(request_tpot, spec.objective.statistic)
+        for lv, detail in levels.items():
+            if detail.get("thin"):
+                log.warning("profile level %s: %d request(s) inside the steady window, fewer than %d "
+                            "(replay.min_in_window): its figures rest on few requests", lv, detail["in_window"],
+                            detail["min_in_window"])
+    else:
+        timed = [(request_tpot(r)[0], r.tag) for r in ok if request_tpot(r)[0] is not None]
+        client_tpots = [r.tpot_ms for r in ok if r.tpot_ms is not None]
+    mixed = tpot_mix(ok)
+    n_engine = sum(1 for r in ok if request_tpot(r)[1] == "server" and request_tpot(r)[0] is not None)
+    if mixed and not isinstance(run, ProfileRun):
+        timed = [(request_tpot(r)[0], r.tag) for r in ok if request_tpot(r)[1] == "server"]
+    tpots = [v for v, _ in timed]
+    source = "mixed" if mixed else "server" if n_engine else "client"
+    summary = stall_verdict(run.summary(spec.objective.statistic), source)
+    summary["noise"] = within_start_noise(tpots)
+    return Measurement(
+        config=config, argv=argv, log_path=str(log_path), start_seconds=server.start_seconds or 0.0,
+        wall_seconds=time.monotonic() - t0, summary=summary,
+        spec_delta=d.to_dict(), tpot_ms=tpots, client_tpot_ms=client_tpots,
+        tpot_source=source, tpot_mixed=mixed,
+        outputs=outputs, tags=[t for _, t in timed], errors=[f"{r.id}: {r.error}" for r in failed][:20],
+        levels=levels, engine_notes=_serverlog.scan(log_path, patterns=engine.log_patterns),
+    )
+
+
+def stall_verdict(summary: dict, tpot_source: str) -> dict:
+    """The one stall truth of a start, written into its summary (and each level's): ``stalled``
+    means its TPOT figure is biased by time-to-first-token stalls. Only client-side TPOT is
+    ((e2e - TTFT) / (n - 1) comes out too low when TTFT stalls); the engine's own per-request
+    timings are immune, so a start measured with them keeps the detector's finding as
+    ``ttft_stalled`` and is not ``stalled``. The trial's ``stalled`` attribute, the decision's
+    excluded starts and the recommendation's ``stalled_starts`` all read this flag."""
+    biased = tpot_source == "client"
+    blocks = [summary.get("stall")] + [lv.get("stall") for lv in (summary.get("levels") or {}).values()
+                                       if isinstance(lv, dict)]
+    for st in blocks:
+        if isinstance(st, dict) and "ttft_stalled" not in st:
+            st["ttft_stalled"] = bool(st.get("stalled"))
+            st["stalled"] = st["ttft_stalled"] and biased
+            st["tpot_source"] = tpot_source
+    return summary
+
+
+def within_start_noise(tpots: list[float]) -> dict | None:
+    """How much one start's per-request TPOT varies (``cv``) and how precisely that start's median
+    is known (``median_se_rel``: the relative standard error of a median, 1.2533 * sd / sqrt(n)
+    over the mean). Set beside the start-to-start noise (``search.start_noise`` of the study):
+    when starts differ by far more than this, more requests per start buy nothing, more starts do."""
+    vals = [v for v in tpots if v is not None and v > 0]
+    if len(vals) < 2:
+        return None
+    n = len(vals)
+    mean = sum(vals) / n
+    sd = (sum((v - mean) ** 2 for v in vals) / (n - 1)) ** 0.5
+    return {"n": n, "cv": sd / mean, "median_se_rel": 1.2533 * sd / mean / n ** 0.5}
+
+
+def request_tpot(r) -> tuple[float | None, str]:
+    """The engine's per-request TPOT (vLLM's ``metrics.mean_itl_ms``, llama-server's ``timings``:
+    engine-side timestamps) when the server reports it, else the client's (e2e - TTFT)/(n - 1).
+
+    On a loaded host the API server can fall behind the engine and flush a whole response at
+    once: the client then sees a long TTFT and a near-zero TPOT although decoding ran at its
+    normal pace. The engine's timestamps do not have that bias.
+    """
+    v = _registry.request_tpot_ms(r.server_metrics)
+    if v is not None:
+        return v, "server"
+    return r.tpot_ms, "client"
+
+
+def tpot_mix(ok) -> dict[str, int]:
+    """``{"engine": n, "client": m}`` when some requests carry the engine's TPOT and others only
+    the client's, else {}. The two differ by the API server's lag, so they are never pooled: a
+    mixed start keeps the engine's values only (the trustworthy timing) and is flagged."""
+    sources = [request_tpot(r)[1] for r in ok if request_tpot(r)[0] is not None]
+    n_engine, n_client = sources.count("server"), sources.count("client")
+    return {"engine": n_engine, "client": n_client} if n_engine and n_client else {}
+
+
+def _is_greedy(requests: list[ReplayRequest], rid: str) -> bool:
+    return any(r.id == rid and r.greedy for r in requests)
+
+
+async def _replay_with_scrape(base_url, model, requests, warmup, spec):
+    """Replay in the spec's ``replay.mode``; the /metrics scrapes around the measured part.
+
+    ``open``: the warm-up runs on into the measured phase by design, so the counter deltas
+    include it (per-request acceptance and TPOT do not). ``profile``: the pool is the warm-up
+    then the measured requests, split by ``run_profile`` into per-level warm-ups and measured
+    sets; the deltas cover all levels.
+    """
+    import httpx
+
+    mode = spec.replay.mode
+    async with httpx.AsyncClient(trust_env=False, timeout=30) as client:
+        if mode == "open":
+            before = await _metrics.scrape(client, base_url)
+            run = await _replay.run_open_loop(base_url, model, requests, time_scale=spec.replay.time_scale,
+                                              timeout_s=spec.replay.timeout_s, warmup=warmup)
+            after = await _metrics.scrape(client, base_url)
+            return run, before, after
+        if mode == "profile":
+            before = await _metrics.scrape(client, base_url)
+            runs, deltas = await run_profile_scraped(client, base_url, model, [*warmup, *requests],
+                                                     levels=spec.replay.levels, timeout_s=spec.replay.timeout_s)
+            after = await _metrics.scrape(client, base_url)
+            return scraped_profile_run(runs, spec.replay.weights(), deltas, spec.replay.min_in_window), before, after
+        if warmup:
+            await _replay.run_closed_loop(base_url, model, warmup, spec.replay.concurrency,
+                                          timeout_s=spec.replay.timeout_s)
+        before = await _metrics.scrape(client, base_url)
+        run = await _replay.run_closed_loop(base_url, model, requests, spec.replay.concurrency,
+                                            timeout_s=spec.replay.timeout_s)
+        after = await _metrics.scrape(client, base_url)
+    return run, before, after
+
+
+# ---- stored trials: the one rule for which starts count, the one sum of their counters ------
+def usable_starts(trials) -> tuple[list, list[dict]]:
+    """Split a config's completed trials into the starts a statistic may use and the excluded
+    ones, each with the reason. The one stall rule: a start whose client-side TPOT was biased by
+    TTFT stalls (``stalled``, see ``_study._record``) or that has no per-request TPOT is excluded.
+    There is no fallback: when every start is excluded the caller has nothing to decide on and
+    must say so (the decision is then ``keep``, "inconclusive")."""
+    ok, excluded = [], []
+    for t in trials:
+        m = t.user_attrs.get("measurement") or {}
+        if t.user_attrs.get("stalled"):
+            excluded.append({"trial": t.number, "why": "TTFT stalls bias its client-side TPOT"})
+        elif not m.get("tpot_ms") and not any(d.get("tpot_ms") for d in (m.get("levels") or {}).values()):
+            excluded.append({"trial": t.number, "why": "no request with a TPOT"})
+        else:
+            ok.append(t)
+    return ok, excluded
+
+
+COUNTERS = ("drafts", "draft_tokens", "accepted_tokens", "generated_tokens", "itl_count")
+
+
+def spec_counters(trials) -> dict:
+    """Speculation counters summed over the trials' starts (each ``measurement.spec_delta``),
+    with the pool's acceptance length (1 + accepted / drafts) and rate (accepted / draft tokens).
+    ``itl_counted``: every start knew its decode steps (an ITL histogram count)."""
+    tot = {k: 0.0 for k in COUNTERS}
+    counted = bool(trials)
+    for t in trials:
+        d = (t.user_attrs.get("measurement") or {}).get("spec_delta") or {}
+        for k in COUNTERS:
+            tot[k] += d.get(k) or 0
+        counted = counted and bool(d.get("itl_count"))
+    return {**tot, "itl_counted": counted, "trials": len(trials),
+            "acceptance_length": 1 + tot["accepted_tokens"] / tot["drafts"] if tot["drafts"] else None,
+            "acceptance_rate": tot["accepted_tokens"] / tot["draft_tokens"] if tot["draft_tokens"] else None}

@@ -1,0 +1,115 @@
+"""Replay sets: the requests a trial sends, one OpenAI-style request body per JSONL line.
+
+A line is ``{"id": str, "endpoint": "completions" | "chat", "body": {...}, "tag": str | null,
+"ts": float | null}``. ``body`` is replayed as logged (sampling parameters included; fields the
+request omitted stay omitted) except ``model``, ``stream`` and ``stream_options``, which the
+replay client sets.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from autotune.core._files import PRIVATE, write_text
+
+ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+
+
+class ReplaySetError(ValueError):
+    """A replay set file is unreadable or a line is malformed; names file and line."""
+
+
+@dataclass(frozen=True)
+class ReplayRequest:
+    id: str
+    endpoint: str
+    body: dict
+    tag: str | None = None
+    ts: float | None = None
+
+    @property
+    def path(self) -> str:
+        return ENDPOINTS[self.endpoint]
+
+    @property
+    def greedy(self) -> bool:
+        """Greedy requests (temperature 0) have one right output: they serve the equivalence check."""
+        return self.body.get("temperature", None) == 0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    def greedy_copy(self) -> "ReplayRequest":
+        """The same prompt at temperature 0 (sampling knobs dropped), id ``<id>#greedy``: for the
+        equivalence check of sampled traffic, whose outputs cannot be compared."""
+        body = {k: v for k, v in self.body.items() if k not in ("top_p", "top_k", "min_p", "seed", "n")}
+        return ReplayRequest(id=f"{self.id}#greedy", endpoint=self.endpoint, body={**body, "temperature": 0},
+                             tag=self.tag, ts=None)
+
+
+@dataclass
+class ReplaySet:
+    path: Path
+    requests: list[ReplayRequest] = field(default_factory=list)
+
+    @property
+    def digest(self) -> str:
+        """Content hash: identifies the replay set in trials and recommendations."""
+        h = hashlib.sha256()
+        for r in self.requests:
+            h.update(r.to_json().encode())
+        return h.hexdigest()[:16]
+
+    def by_tag(self) -> dict[str | None, int]:
+        counts: dict[str | None, int] = {}
+        for r in self.requests:
+            counts[r.tag] = counts.get(r.tag, 0) + 1
+        return counts
+
+
+def parse_line(line: str, where: str) -> ReplayRequest:
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ReplaySetError(f"{where}: not JSON ({e.msg})") from None
+    if not isinstance(obj, dict):
+        raise ReplaySetError(f"{where}: expected an object, got {type(obj).__name__}")
+    for key in ("id", "endpoint", "body"):
+        if key not in obj:
+            raise ReplaySetError(f"{where}: missing field '{key}'")
+    if obj["endpoint"] not in ENDPOINTS:
+        raise ReplaySetError(f"{where}: field 'endpoint' must be one of {sorted(ENDPOINTS)}, "
+                             f"got {obj['endpoint']!r}")
+    body = obj["body"]
+    if not isinstance(body, dict):
+        raise ReplaySetError(f"{where}: field 'body' must be an object")
+    need = "messages" if obj["endpoint"] == "chat" else "prompt"
+    if need not in body:
+        raise ReplaySetError(f"{where}: field 'body.{need}' is required for endpoint {obj['endpoint']!r}")
+    return ReplayRequest(id=str(obj["id"]), endpoint=obj["endpoint"], body=body,
+                         tag=obj.get("tag"), ts=obj.get("ts"))
+
+
+def load(path: str | Path) -> ReplaySet:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ReplaySetError(f"{path}: cannot read replay set ({e.strerror})") from None
+    reqs = [parse_line(line, f"{path}:{i}") for i, line in enumerate(text.splitlines(), 1)
+            if line.strip()]
+    if not reqs:
+        raise ReplaySetError(f"{path}: replay set has no requests")
+    ids = [r.id for r in reqs]
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise ReplaySetError(f"{path}: duplicate request id {dup!r}")
+    return ReplaySet(path=path, requests=reqs)
+
+
+def save(path: str | Path, requests: list[ReplayRequest]) -> Path:
+    """Write atomically with 0600 permissions: replay sets hold production prompts."""
+    return write_text(path, "".join(r.to_json() + "\n" for r in requests), PRIVATE)

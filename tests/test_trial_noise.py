@@ -1,0 +1,67 @@
+"""One stall truth per start and the noise each trial reports (``search._trial`` and the study's
+``_record``): a start is ``stalled`` exactly when its TPOT figure is biased by TTFT stalls, and
+every reader (summary, trial attribute, decision) says the same."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.search import _study
+from autotune.search._trial import stall_verdict, within_start_noise
+from _synthetic import Workload
+from autotune.engines._probe import Capabilities
+from autotune.search._space import SearchSpace
+from test_search_study import FIELDS, RATES, fake_measure, make_spec
+
+
+def _summary(stalled: bool) -> dict:
+    return {"stall": {"stalled": stalled, "reason": "8 of 24 requests over 2.5x the p25 TTFT"},
+            "levels": {"1": {"stall": {"stalled": stalled}}, "8": {"stall": None}}}
+
+
+@pytest.mark.parametrize("source,biased", [("client", True), ("server", False), ("mixed", False)])
+def test_a_ttft_stall_marks_a_start_stalled_only_when_its_tpot_is_client_side(source, biased):
+    s = stall_verdict(_summary(True), source)
+    assert s["stall"]["ttft_stalled"] is True and s["stall"]["stalled"] is biased
+    assert s["levels"]["1"]["stall"]["stalled"] is biased and s["levels"]["8"]["stall"] is None
+    assert stall_verdict(s, "client")["stall"]["stalled"] is biased  # applied once: a second call changes nothing
+    assert stall_verdict(_summary(False), source)["stall"]["stalled"] is False
+
+
+def test_within_start_noise_is_the_per_request_spread_and_the_medians_precision():
+    n = within_start_noise([9.0, 10.0, 11.0, 10.0])
+    sd = (2 / 3) ** 0.5
+    assert n["n"] == 4 and n["cv"] == pytest.approx(sd / 10)
+    assert n["median_se_rel"] == pytest.approx(1.2533 * sd / 10 / 2)
+    assert within_start_noise([10.0]) is None
+
+
+def test_trials_carry_one_stall_flag_and_both_noises(tmp_path, monkeypatch):
+    """The engine's TPOT with TTFT stalls: the trial is not stalled and its summary agrees; each
+    trial says its within-start noise and the start-to-start noise known when it was recorded."""
+    w = Workload(rates=RATES)
+    inner = fake_measure(w)
+
+    def measure(*a, **kw):
+        m = inner(*a, **kw)
+        m.summary["stall"] = {"stalled": True, "reason": "TTFT stalls"}
+        m.summary["noise"] = within_start_noise(m.tpot_ms)
+        return m
+
+    spec = make_spec(tmp_path, budget={"max_trials": 3, "max_server_starts": 5, "max_wall_minutes": 10})
+    caps = Capabilities(version="0.32.0", methods=["ngram"], fields=FIELDS, arctic_inference=False)
+    monkeypatch.setattr(_study, "measure", measure)
+    study = _study.Study(spec, caps, SearchSpace.build(spec.space, caps), spec.storage, ["vllm", "serve"],
+                         tmp_path / "home")
+    study.run()
+    ts = study.trials()
+    for t in ts:
+        m = t.user_attrs["measurement"]
+        assert t.user_attrs["stalled"] is False and m["summary"]["stall"]["stalled"] is False
+        assert m["summary"]["stall"]["ttft_stalled"] is True
+        assert t.user_attrs["noise"]["start_to_start"]["config_starts"] >= 1
+    base = [t for t in ts if t.user_attrs["config_key"] == "none"]
+    assert len(base) == 2  # baseline and its confirmation start: a repeat, so a start-to-start figure
+    last = base[-1].user_attrs["noise"]["start_to_start"]
+    assert last["config_starts"] == 2 and last["config_sd_log"] > 0 and last["study_df"] >= 1
+    assert base[0].user_attrs["noise"]["start_to_start"]["config_sd_log"] is None  # one start: unknown
