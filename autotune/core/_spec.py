@@ -44,6 +44,10 @@ class ReplaySpec(_Model):
     requests: int | None = Field(default=None, ge=1, description="measured requests per trial (default: all after warm-up)")
     warmup: int = Field(default=4, ge=0, description="requests sent first and not measured")
     timeout_s: float = Field(default=300.0, gt=0)
+    settle_rounds: int = Field(default=3, ge=0, description="warm-up rounds (one full wave each) at every measured "
+                                                           "concurrency until one compiles no kernel, at most this "
+                                                           "many; only where the server logs its compiles (vLLM on "
+                                                           "CUDA); 0: none")
     mode: Literal["closed", "open", "profile"] = Field(
         default="closed",
         description="closed: `concurrency` requests in flight; open: each request at its recorded time "

@@ -89,3 +89,51 @@ def engine_note_lines(block: dict | None) -> list[str]:
     """A recommendation's ``engine_notes`` for people: what the config changes in the engine."""
     extra = (block or {}).get("not_in_baseline") or {}
     return [f"engine: {v['note']} -- in the server log, not in the baseline's" for v in extra.values()]
+
+
+# ---- compilations while serving: what the warm-up has to wait out ----------------------------
+JIT_MONITOR = re.compile(r"JIT monitor activated")
+"""vLLM (CUDA workers) logs this once warm-up at start-up is done; from then on each kernel
+compiled while serving is logged (``jit_while_serving``). Engines without it cannot be watched."""
+COMPILED = (re.compile(r"JIT compilation during inference: (?P<kernel>\w+(?:\.\w+)*)"),
+            re.compile(r"Triton autotuning for function (?P<kernel>\w+(?:\.\w+)*)"))
+"""A kernel compiled (or autotuned) while serving. vLLM logs each kernel's first compile once;
+Triton's autotuner prints each run. A recompile of an already-logged kernel for a new shape is
+not logged: that is why a warm-up round always covers the level's concurrency first."""
+
+
+def log_size(path: str | Path) -> int:
+    try:
+        return Path(path).stat().st_size
+    except OSError:
+        return 0
+
+
+def reports_compiles(path: str | Path) -> bool:
+    """Whether the server's log announces vLLM's kernel JIT monitor (so compiles can be watched)."""
+    return bool(_grep(path, 0, (JIT_MONITOR,))[0])
+
+
+def compiles_since(path: str | Path, offset: int) -> tuple[list[str], int]:
+    """Kernels the server logged as compiled while serving after byte ``offset`` of its log, and
+    the log's new end (the next call's offset)."""
+    found, end = _grep(path, offset, COMPILED)
+    return [m.group("kernel") for m in found], end
+
+
+def _grep(path: str | Path, offset: int, regexes) -> tuple[list[re.Match], int]:
+    out: list[re.Match] = []
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            data = fh.read()
+    except OSError:
+        return out, offset
+    # only whole lines: a line the server is still writing is read on the next call
+    cut = data.rfind(b"\n") + 1
+    for line in data[:cut].decode("utf-8", errors="replace").splitlines():
+        for rx in regexes:
+            m = rx.search(line)
+            if m:
+                out.append(m)
+    return out, offset + cut

@@ -19,8 +19,10 @@ says a lot about configurations never started (see DESIGN.md, "Key insight for t
   fit's covariance (scaled by its residuals), the per-start measurement noise, the tail
   extrapolation and, where the counters lack generated tokens, the unknown coverage.
 
-The **policy** (``next_step``): the baseline, then each method at its largest K, then, among the
-candidates with at least ``P_STOP`` probability of beating the best measured objective by more
+The **policy** (``next_step``): the baseline, then each method at its largest K, then the
+acceptance knee of each method that beat the baseline there (``_knee_step``: a second K where
+the acceptance flattens, measured before the cost model decides; GPU step costs are not smooth
+in K), then, among the candidates with at least ``P_STOP`` probability of beating the best measured objective by more
 than the measurement noise, the one with the lowest plausible TPOT (its interval's low end);
 when no candidate is that likely, stop, except while a neighbour of the best K (K-1 or K+1 of the
 same method and knobs) is unmeasured and has at least ``P_NEIGHBOUR`` probability of being faster
@@ -46,7 +48,7 @@ from typing import Iterable, Sequence
 
 from autotune.core._measure import summarize
 from autotune.search import _bands
-from autotune.search._space import canonical, label
+from autotune.search._space import canonical, knee, label
 
 Z90 = 1.6449
 """Intervals are 90%: ``mid +- Z90 * sd``."""
@@ -59,6 +61,8 @@ P_STOP = 0.2
 """Stop when no candidate beats the best by more than the noise with at least this probability."""
 P_NEIGHBOUR = 0.15
 """...unless an unmeasured neighbour K of the best is faster than the best with at least this probability."""
+KNEE_SHARE = 0.9
+"""The acceptance knee: the smallest K keeping this share of K_max's accepted tokens per step."""
 FIXED_SHARE = 0.5
 """With one K measured: how much the predicted step cost leans to "fixed overhead" (flat in K)
 rather than "per draft token" (a line through the baseline), for proposers without a model
@@ -694,6 +698,9 @@ def next_step(observations: Sequence[Observation], candidates: Sequence[dict], *
         top = max((c for c in cs if group_key(c) == first_group), key=k_of, default=top)
         if top and canonical(top) not in failed | skip:
             return Step("measure", top, reason=f"{m} at its largest K: per-position acceptance for every K")
+    knee = _knee_step(observations, candidates, weights, measured | failed | skip)
+    if knee is not None:
+        return knee
     pred = Predictor(observations, weights, noise, noise_prior)
     if not pred.ready:
         return Step("fallback", reason="no per-position acceptance counters to predict from")
@@ -759,6 +766,36 @@ def next_step(observations: Sequence[Observation], candidates: Sequence[dict], *
     return Step("measure", cfg, prediction=p, p_beat=pb, table=table,
                 reason=f"predicted {p.mean:.2f} ms ({p.lo:.2f}-{p.hi:.2f}), P(beats {best_v:.2f} ms by "
                        f"{margin:.1%}) = {pb:.0%}")
+
+
+def _knee_step(observations: Sequence[Observation], candidates: Sequence[dict], weights, done: set[str]) -> Step | None:
+    """A method measured at K_max alone, and faster there than no speculation, gets its
+    acceptance knee measured next (the smallest K keeping ``KNEE_SHARE`` of the accepted tokens
+    per drafted step seen at K_max), before the cost model decides anything. The step cost is
+    not smooth in K on a GPU (on the H200 rows ngram K=9 and 10 cost 12-14% more per token than
+    K=8, in no model's shape), so a line fitted to K_max and its neighbour can put the optimum on
+    the wrong side; a second K measured where the acceptance flattens anchors the fit there."""
+    w = weights or {1: 1.0}
+    base = [o.objective(w) for o in observations if not o.config and o.objective(w) is not None]
+    if not base:
+        return None
+    for m in dict.fromkeys(c["method"] for c in candidates):
+        mine = [o for o in observations if o.config and o.config["method"] == m and not o.config.get(BANDS)]
+        if not mine or len({k_of(o.config) for o in mine}) != 1:
+            continue
+        top = mine[0]
+        v = top.objective(w)
+        kn = knee((top.delta or {}).get("per_position_rates") or [], KNEE_SHARE)
+        if v is None or v >= min(base) or kn is None:
+            continue
+        same = sorted((c for c in candidates if group_key(c) == group_key(top.config) and not c.get(BANDS)
+                       and k_of(c) < k_of(top.config)), key=k_of)
+        pick = next((c for c in same if k_of(c) >= kn), None)
+        if pick is not None and canonical(pick) not in done:
+            return Step("measure", pick, reason=f"{m}'s acceptance knee (K={k_of(pick)} keeps {KNEE_SHARE:.0%} of the "
+                                                f"accepted tokens per step at K={k_of(top.config)}): a second K "
+                                                "for the cost fit where the acceptance flattens")
+    return None
 
 
 def _open_neighbour(pred: Predictor, best_obs: Observation, best_v: float, eligible: Sequence[dict],

@@ -43,6 +43,20 @@ def label(config: dict | None, none: str = "none") -> str:
     return s
 
 
+
+def knee(per_position_rates: list[float], share: float = 0.9) -> int | None:
+    """The smallest K whose accepted tokens per drafted step keep ``share`` of those of all the
+    positions given (a run at K_max gives every smaller K's); None without acceptance."""
+    total = sum(per_position_rates)
+    if total <= 0:
+        return None
+    acc = 0.0
+    for k, r in enumerate(per_position_rates, 1):
+        acc += r
+        if acc >= share * total:
+            return k
+    return len(per_position_rates)
+
 @dataclass
 class SearchSpace:
     spec: SpaceSpec
@@ -131,16 +145,8 @@ class SearchSpace:
         smaller K: positions past the knee add verification cost and hardly any tokens, so the
         knee is the next configuration worth a server start."""
         kr = self.spec.k_range(method)
-        rates = list(per_position_rates)[: kr.max]
-        total = sum(rates)
-        if total <= 0:
-            return None
-        acc = 0.0
-        for k, r in enumerate(rates, 1):
-            acc += r
-            if acc >= share * total:
-                return max(kr.min, k)
-        return kr.max
+        k = knee(list(per_position_rates)[: kr.max], share)
+        return None if k is None else max(kr.min, k)
 
     def size(self) -> int:
         """Number of distinct candidates, the baseline included: the search stops when all are seen."""

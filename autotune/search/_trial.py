@@ -19,6 +19,7 @@ from autotune.engines import _metrics, _registry, _serverlog
 from autotune.engines._engine import ServerStartError, VllmServer, free_port
 from autotune.replay import _replay
 from autotune.replay._profile import ProfileRun
+from autotune.search import _settle
 from autotune.search._bands import run_profile_scraped, scraped_profile_run
 from autotune.traffic._replayset import ReplayRequest
 
@@ -129,7 +130,8 @@ def measure(spec: StudySpec, config: dict | None, requests: list[ReplayRequest],
             raise TrialFailed(e.reason, str(e.log_path)) from None
         model = spec.served_model_name or spec.model
         try:
-            run, before, after = asyncio.run(_replay_with_scrape(server.base_url, model, requests, warmup, spec))
+            run, before, after, settled = asyncio.run(
+                _replay_with_scrape(server.base_url, model, requests, warmup, spec, log_path))
             eq_run = asyncio.run(_replay.run_closed_loop(
                 server.base_url, model, equivalence, spec.replay.concurrency if invariant else 1,
                 timeout_s=spec.replay.timeout_s)) if equivalence else None
@@ -172,6 +174,10 @@ def measure(spec: StudySpec, config: dict | None, requests: list[ReplayRequest],
     source = "mixed" if mixed else "server" if n_engine else "client"
     summary = stall_verdict(run.summary(spec.objective.statistic), source)
     summary["noise"] = within_start_noise(tpots)
+    late = _settle.compiled_after(settled, log_path)
+    summary["settle"] = {**{k: v for k, v in settled.items() if k != "offset"}, "compiled_after": late}
+    if late:
+        log.warning("kernels compiled after the settle rounds, inside the measured replay: %s", late)
     return Measurement(
         config=config, argv=argv, log_path=str(log_path), start_seconds=server.start_seconds or 0.0,
         wall_seconds=time.monotonic() - t0, summary=summary,
@@ -241,8 +247,10 @@ def _is_greedy(requests: list[ReplayRequest], rid: str) -> bool:
     return any(r.id == rid and r.greedy for r in requests)
 
 
-async def _replay_with_scrape(base_url, model, requests, warmup, spec):
+async def _replay_with_scrape(base_url, model, requests, warmup, spec, log_path=None):
     """Replay in the spec's ``replay.mode``; the /metrics scrapes around the measured part.
+    First the settle rounds (``_settle``: warm-up until the engine stops compiling) at each
+    concurrency the replay measures; they run before the first scrape, so no counter holds them.
 
     ``open``: the warm-up runs on into the measured phase by design, so the counter deltas
     include it (per-request acceptance and TPOT do not). ``profile``: the pool is the warm-up
@@ -252,19 +260,23 @@ async def _replay_with_scrape(base_url, model, requests, warmup, spec):
     import httpx
 
     mode = spec.replay.mode
+    levels = spec.replay.levels if mode == "profile" else [spec.replay.concurrency]
+    settled = await _settle.settle(base_url, model, [*warmup, *requests], levels, log_path,
+                                   spec.replay.settle_rounds if log_path else 0, spec.replay.timeout_s)
     async with httpx.AsyncClient(trust_env=False, timeout=30) as client:
         if mode == "open":
             before = await _metrics.scrape(client, base_url)
             run = await _replay.run_open_loop(base_url, model, requests, time_scale=spec.replay.time_scale,
                                               timeout_s=spec.replay.timeout_s, warmup=warmup)
             after = await _metrics.scrape(client, base_url)
-            return run, before, after
+            return run, before, after, settled
         if mode == "profile":
             before = await _metrics.scrape(client, base_url)
             runs, deltas = await run_profile_scraped(client, base_url, model, [*warmup, *requests],
                                                      levels=spec.replay.levels, timeout_s=spec.replay.timeout_s)
             after = await _metrics.scrape(client, base_url)
-            return scraped_profile_run(runs, spec.replay.weights(), deltas, spec.replay.min_in_window), before, after
+            return (scraped_profile_run(runs, spec.replay.weights(), deltas, spec.replay.min_in_window),
+                    before, after, settled)
         if warmup:
             await _replay.run_closed_loop(base_url, model, warmup, spec.replay.concurrency,
                                           timeout_s=spec.replay.timeout_s)
@@ -272,7 +284,7 @@ async def _replay_with_scrape(base_url, model, requests, warmup, spec):
         run = await _replay.run_closed_loop(base_url, model, requests, spec.replay.concurrency,
                                             timeout_s=spec.replay.timeout_s)
         after = await _metrics.scrape(client, base_url)
-    return run, before, after
+    return run, before, after, settled
 
 
 # ---- stored trials: the one rule for which starts count, the one sum of their counters ------

@@ -44,6 +44,8 @@ class MockServer:
         hang_ids: send ``drop_after_chunks`` chunks, then stall until shutdown.
       metrics_text: /metrics body, a string or ``callable(server) -> str``; default is an
         exposition built from counters that grow with every completed request.
+      on_request: ``callable(id, body)`` run as each request arrives, before it is answered
+        (a test's stand-in for what a server does meanwhile, e.g. write to its log).
 
     Observed: ``max_in_flight``, ``in_flight``, ``seen`` (list of (id, path, body)),
     ``completed`` (ids streamed to the end).
@@ -67,6 +69,7 @@ class MockServer:
         hang_ids: Iterable[str] = (),
         drop_after_chunks: int = 2,
         metrics_text: str | Callable[["MockServer"], str] | None = None,
+        on_request: Callable[[str | None, dict], None] | None = None,
     ) -> None:
         self.tokens_per_request = tokens_per_request
         self.first_chunk_tokens = max(1, first_chunk_tokens)
@@ -83,6 +86,7 @@ class MockServer:
         self.hang_ids = set(hang_ids)
         self.drop_after_chunks = drop_after_chunks
         self.metrics_text = metrics_text
+        self.on_request = on_request
 
         self.in_flight = 0
         self.max_in_flight = 0
@@ -297,6 +301,8 @@ class MockServer:
             self.seen.append((rid, request.path, body))
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        if self.on_request is not None:
+            self.on_request(rid, body)
         counted = True
 
         def release() -> None:
