@@ -2,7 +2,9 @@
 
 Every configuration of the workload's space (the baseline included) is measured on several
 fresh server starts, interleaved round by round so slow drift of the machine hits every
-configuration alike. Each start's row is appended to ``benchmarks/results/grid-<workload>.jsonl``
+configuration alike, each round in its own shuffled order (seeded by workload and round: a rerun
+keeps it) so that no configuration is always measured first, right after the previous round's
+last (on chat-llamacpp-vllm a fixed baseline-first order showed up as a 5-17% "speedup"). Each start's row is appended to ``benchmarks/results/grid-<workload>.jsonl``
 as soon as it is measured; a rerun skips (config, start) pairs already recorded, so an
 interrupted grid continues where it stopped and nothing is measured twice.
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import time
@@ -169,7 +172,9 @@ def _main(argv=None) -> int:
               f"{len(search)} requests each, concurrency {spec.replay.concurrency}", flush=True)
         out.parent.mkdir(parents=True, exist_ok=True)
         for rnd in range(args.starts):
-            for cfg in configs:
+            order = list(configs)
+            random.Random(f"{spec.workload}-{rnd}").shuffle(order)
+            for cfg in order:
                 key = canonical(cfg)
                 if sum(1 for r in rows if r["config_key"] == key and r.get("ok")) > rnd:
                     continue

@@ -497,6 +497,7 @@ def add_study(spec_path: str) -> dict:
            "grid_winner": label(g.starts[g.best_key][0].config) if g else None,
            "grid_configs": len(g.configs) if g else None,
            "winner_within_3pct_of_grid": (g.ok(canonical(winner)) if g and canonical(winner) in g.truth else None),
+           "winner_on_grid": (canonical(winner) in g.truth) if g else None,
            "predictions": [{"config": label(t.user_attrs.get("config")), "predicted": t.user_attrs["predicted_tpot_ms"],
                             "ci": t.user_attrs.get("predicted_ci"), "measured": _objective_like_prediction(t)}
                            for t in search if "predicted_tpot_ms" in t.user_attrs]}
@@ -528,6 +529,8 @@ def studies_table() -> str:
     for r in rows:
         mode = r["mode"] + (f" {r['levels']}" if r.get("levels") else "")
         ok = {True: " (within 3%)", False: " (NOT within 3%)", None: ""}[r.get("winner_within_3pct_of_grid")]
+        if r.get("winner_on_grid") is False:
+            ok = " (a K the grid skipped)"
         decision = r.get("decision") or "-"
         if r.get("decision") in ("keep", "disable"):
             decision += f" ({r.get('recommended') or 'no speculation'}){ok}"

@@ -276,5 +276,5 @@ def test_the_predictor_carries_the_known_start_to_start_noise(tmp_path, monkeypa
         table = study.study.user_attrs["predictor"]["table"]
         widths[cv] = {r["k"]: r["predicted_ci"][1] - r["predicted_ci"][0] for r in table}
     assert all(widths[0.2][k] > 2 * widths[0.01][k] for k in widths[0.01])
-    study.sampler.set_noise_prior(0.07, 60)  # what the runner passes: A/A prior pooled with earlier nights
+    study.set_noise_prior(0.07, 60)  # what the runner passes: A/A prior pooled with earlier nights
     assert study.sampler.noise_prior == (0.07, 60)

@@ -43,7 +43,6 @@ from autotune.engines import _recovery, _registry
 from autotune.engines._probe import ProbeError
 from autotune.engines._serverlog import engine_note_lines
 from autotune.search import _preflight
-from autotune.search._sampler import CandidateSampler
 from autotune.search._space import SearchSpace
 from autotune.search._study import Study
 from autotune.search._trial import TrialFailed
@@ -244,8 +243,7 @@ def _locked(req: RunRequest, spec, settings: Settings, echo: Echo, on_event, loc
             echo(f"  {note}")
         nights = _history.history(spec.workload, rec_dir, store)  # earlier nights' start-to-start variance
         prior = _recommend.prior_noise(st, nights)  # the predictor's intervals carry it too
-        if isinstance(st.sampler, CandidateSampler) and prior.df > 0:
-            st.sampler.set_noise_prior(prior.sd, prior.df)
+        st.set_noise_prior(prior.sd, prior.df)
         st.confirm_open = lambda: _recommend.open_question(st, nights)
         try:
             outcome = st.run()

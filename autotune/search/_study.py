@@ -284,6 +284,12 @@ class Study:
         vals = [t.user_attrs["measurement"]["summary"]["output_throughput_tok_s"] for t in self.trials(config_key=NONE)]
         return sum(vals) / len(vals) if vals else None
 
+    def set_noise_prior(self, sd: float, df: int) -> None:
+        """Start-to-start noise known before this study (earlier nights of the same hardware), for
+        the predictor's intervals; a TPE search has no use for it."""
+        if isinstance(self.sampler, CandidateSampler) and df > 0:
+            self.sampler.set_noise_prior(sd, df)
+
     def best(self, search_only: bool = False):
         """Best feasible measured speculative config (by the objective), or None. ``search_only``:
         among the search's starts (the winner the search picked; a confirmation start never
