@@ -45,10 +45,10 @@ class CompilingLog:
                     fh.write(COMPILE.format(k=f"kernel_{lv}_{self.count[lv]}"))
 
 
-def run_settle(tmp_path, n, levels=(1, 4), max_rounds=3, monitor=True):
+def run_settle(tmp_path, n, levels=(1, 4), max_rounds=3, monitor=True, pool_size=10):
     log = tmp_path / "server.log"
     comp = CompilingLog(log, n, monitor)
-    pool = [req(i) for i in range(10)]
+    pool = [req(i) for i in range(pool_size)]
     with MockServer(tokens_per_request=3, on_request=comp) as m:
         out = asyncio.run(_settle.settle(m.base_url, "m", pool, list(levels), log, max_rounds))
         seen = [rid for rid, _, _ in m.seen]
@@ -64,7 +64,17 @@ def test_rounds_run_until_one_compiles_nothing(tmp_path):
     assert l1["rounds"] == 6 and l1["quiet"] and [len(r) for r in l1["compiled"]] == [1, 1, 1, 1, 1, 0]
     assert l4["rounds"] == 3 and l4["quiet"] and [len(r) for r in l4["compiled"]] == [4, 1, 0]
     assert len(seen) == 6 * 1 + 3 * 4 and len(set(seen)) == len(seen)
-    assert all("~settle" in s for s in seen)  # copies: the pool's own ids stay fresh for the measured replay
+    assert all("~settle" in s for s in seen)  # copies under their own ids
+    # only the pool's requests (the warm-up), cycled to fill a wave of 4 from a pool of 10
+    assert {s.split("~")[0] for s in seen} <= {f"r{i}" for i in range(10)}
+
+
+def test_a_wave_larger_than_the_warmup_cycles_it(tmp_path):
+    out, seen, _ = run_settle(tmp_path, n=0, levels=(4,), max_rounds=2, pool_size=1)
+    assert out["levels"]["4"]["rounds"] == 1 and len(seen) == 4 and len(set(seen)) == 4
+    assert {s.split("~")[0] for s in seen} == {"r0"}
+    out, seen, _ = run_settle(tmp_path, n=None, pool_size=0)
+    assert not out["watched"] and seen == []  # no warm-up requests: nothing to settle with
 
 
 def test_a_level_still_compiling_stops_at_the_cap_and_says_so(tmp_path):

