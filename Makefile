@@ -1,5 +1,5 @@
 # autotune: `make run` sets everything up and tunes the built-in default; `make test` runs the tests.
-PYTHON ?= python3
+PYTHON ?= python3.11   # the declared minimum (pyproject: requires-python >= 3.11); CI runs it
 VENV   ?= .venv
 HOME_DIR ?= .autotune
 BIN    := $(VENV)/bin
