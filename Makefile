@@ -1,5 +1,6 @@
 # autotune: `make run` sets everything up and tunes the built-in default; `make test` runs the tests.
-PYTHON ?= python3.11   # the declared minimum (pyproject: requires-python >= 3.11); CI runs it
+# the declared minimum (pyproject: requires-python >= 3.11), the interpreter CI runs
+PYTHON ?= python3.11
 VENV   ?= .venv
 HOME_DIR ?= .autotune
 BIN    := $(VENV)/bin

@@ -12,21 +12,16 @@ and requests.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
+from _bench import benchmark
 
 pytestmark = pytest.mark.vllm
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_bands_vllm", ROOT / "benchmarks" / "bands_vllm.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark("bands_vllm.py", "bench_bands_vllm")
 
 
 def test_band_schedule_takes_effect_and_k0_band_drafts_nothing(long_code_profile, probed):

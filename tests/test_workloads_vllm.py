@@ -7,7 +7,6 @@ grid TPOT is within the grid's own noise of the grid's best.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -17,16 +16,14 @@ from pathlib import Path
 import pytest
 
 from autotune.search._space import NONE, canonical
+from _bench import benchmark
 
 pytestmark = pytest.mark.vllm
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _grid_module():
-    spec = importlib.util.spec_from_file_location("bench_grid", ROOT / "benchmarks" / "grid.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark("grid.py", "bench_grid")
 
 
 def grid(workload: str) -> list[dict]:

@@ -67,6 +67,14 @@ def _levels_of(t) -> dict[int, float]:
 # --------------------------------------------------------------------------- plots
 
 
+
+def _save(plt, fig, path: Path) -> None:
+    """Every figure of the report: laid out, written at one resolution, and closed (pyplot keeps
+    open figures alive)."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
 def plot_tpot_vs_k(plt, trials, predictor: dict | None, path: Path) -> Path | None:
     done = [t for t in _done(trials) if not (t.user_attrs.get("config") or {}).get(BANDS)]
     if not done:
@@ -114,9 +122,7 @@ def plot_tpot_vs_k(plt, trials, predictor: dict | None, path: Path) -> Path | No
         ax.set_title("TPOT vs K" + (f" at concurrency {L}" if L is not None else ""))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
     return path
 
 
@@ -151,9 +157,7 @@ def plot_acceptance(plt, trials, path: Path) -> Path | None:
     for a in (a1, a2):
         a.grid(alpha=0.3)
         a.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
     return path
 
 
@@ -185,9 +189,7 @@ def plot_bands(plt, trials, winner_cfg, path: Path) -> tuple[Path | None, dict |
     ax.set_ylim(-0.3, kmax + 0.5)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
     return path, {"config": cfg, "check": check}
 
 
@@ -220,9 +222,7 @@ def plot_trials(plt, trials, path: Path) -> Path | None:
     ax.set_title("Trials over time")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
     return path
 
 
@@ -270,9 +270,7 @@ def plot_predicted(plt, rows: list[dict], path: Path) -> Path | None:
     ax.set_ylabel("predicted before the start (ms)")
     ax.set_title("Predicted vs measured (90% intervals)")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, path)
     return path
 
 

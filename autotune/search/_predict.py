@@ -776,7 +776,7 @@ def _knee_step(observations: Sequence[Observation], candidates: Sequence[dict], 
     K=8, in no model's shape), so a line fitted to K_max and its neighbour can put the optimum on
     the wrong side; a second K measured where the acceptance flattens anchors the fit there."""
     w = weights or {1: 1.0}
-    base = [o.objective(w) for o in observations if not o.config and o.objective(w) is not None]
+    base = [v for v in (o.objective(w) for o in observations if not o.config) if v is not None]
     if not base:
         return None
     for m in dict.fromkeys(c["method"] for c in candidates):

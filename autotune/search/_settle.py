@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from itertools import cycle, islice
 from pathlib import Path
 from typing import Sequence
 
@@ -42,8 +43,7 @@ async def settle(base_url: str, model: str, pool: Sequence[ReplayRequest], level
     out["watched"] = True
     offset = out["offset"]
     for lv in levels:
-        wave = [replace(r, id=f"{r.id}~settle{lv}.{i}") for i, r in
-                enumerate((list(pool) * (lv // len(pool) + 1))[:lv])]
+        wave = [replace(r, id=f"{r.id}~settle{lv}.{i}") for i, r in enumerate(islice(cycle(pool), lv))]
         rounds: list[list[str]] = []
         quiet, failed = False, 0
         for n in range(max_rounds):

@@ -261,8 +261,8 @@ async def _replay_with_scrape(base_url, model, requests, warmup, spec, log_path=
 
     mode = spec.replay.mode
     levels = spec.replay.levels if mode == "profile" else [spec.replay.concurrency]
-    settled = await _settle.settle(base_url, model, warmup, levels, log_path,
-                                   spec.replay.settle_rounds if log_path else 0, spec.replay.timeout_s)
+    settled = await _settle.settle(base_url, model, warmup, levels, log_path, spec.replay.settle_rounds,
+                                   spec.replay.timeout_s)
     async with httpx.AsyncClient(trust_env=False, timeout=30) as client:
         if mode == "open":
             before = await _metrics.scrape(client, base_url)
