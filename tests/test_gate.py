@@ -184,7 +184,8 @@ def _fake_study(tmp_path, monkeypatch, incumbent_window: tuple[str, str, str]):
     spec = StudySpec.model_validate(data)
     calls = []
 
-    def measure(spec, config, requests, warmup, log_path, command, on_server=None, extra_args=None, pid_dir=None):
+    def measure(spec, config, requests, warmup, log_path, command, on_server=None, extra_args=None, pid_dir=None,
+                reserve=None):
         calls.append(config)
         win = incumbent_window if config == inc else ("before.prom", "after_code.prom", "code_requests.json")
         m = measurement(*win)

@@ -246,8 +246,8 @@ def test_a_level_with_few_in_window_requests_is_flagged():
     d = pr.level_details(request_tpot)
     assert (d["1"]["in_window"], d["1"]["min_in_window"], d["1"].get("thin")) == (5, 2, None)
     assert (d["4"]["in_window"], d["4"]["min_in_window"], d["4"]["thin"]) == (5, 8, True)
-    assert "5 request(s) inside the steady window, fewer than 8" in d["4"]["note"]
-    assert pr.summary()["thin_levels"] == {"4": {"in_window": 5, "min_in_window": 8}}
+    assert "5 request(s) (50 tokens) inside the steady window, fewer than 8" in d["4"]["note"]
+    assert pr.summary()["thin_levels"] == {"4": {"in_window": 5, "min_in_window": 8, "in_window_tokens": 50}}
     assert d["4"]["tpot_ms"] == [21.0] * 5  # flagged, still measured
 
     strict = ProfileRun(runs, {1: 1.0, 4: 1.0}, min_in_window=6)
@@ -255,6 +255,84 @@ def test_a_level_with_few_in_window_requests_is_flagged():
     lenient = ProfileRun(runs, {1: 1.0, 4: 1.0}, min_in_window=5)
     assert lenient.summary()["thin_levels"] == {} and not any(x.get("thin") for x in
                                                               lenient.level_details(request_tpot).values())
+
+
+def test_a_token_minimum_flags_a_level_whose_window_generated_too_little():
+    from autotune.search._trial import request_tpot
+
+    runs = {1: _fake_run(1, [10.0] * 6, [11.0] * 6, "code")}  # 5 in window x 10 tokens
+    assert ProfileRun(runs, {1: 1.0}, min_window_tokens=50).thin_levels() == []
+    pr = ProfileRun(runs, {1: 1.0}, min_window_tokens=51)
+    d = pr.level_details(request_tpot)["1"]
+    assert d["thin"] and (d["in_window_tokens"], d["min_window_tokens"]) == (50, 51)
+    assert "50 tokens" in d["note"] and "51 tokens" in d["note"]
+
+
+def _spread_level(reserve, **target):
+    """Level 4 after a 4-request warm-up wave: one measured wave of uneven lengths (3-24 tokens),
+    so few of it end inside the window; ``reserve`` of 6-token requests behind it."""
+    from autotune.replay._replay import WindowTarget
+
+    warm = [req(100 + i, tokens=6) for i in range(4)]
+    wave = [req(i, tokens=t) for i, t in enumerate((3, 8, 16, 24))]
+    with MockServer(chunk_delay_s=0.004) as m:
+        runs = asyncio.run(run_profile(m.base_url, "m", warm + wave, levels=[4], per_level=4, timeout_s=10,
+                                       window=WindowTarget(**target), reserve=reserve))
+        seen = [rid for rid, _, _ in m.seen]
+    return runs[4], seen
+
+
+def test_a_short_window_draws_from_the_reserve_until_it_holds_the_minimum():
+    """The H200's c=32 levels measured one wave: speculation spread its finish times and 1-12
+    requests ended inside the window. A level short of its minimum keeps its loop fed from the
+    reserve, in order and each request once, and stops drawing once the window holds enough."""
+    thin, _ = _spread_level([], min_requests=8)
+    assert len(thin.in_window) < 8 and thin.drawn == 0  # no reserve: the share alone is thin
+
+    reserve = [req(200 + i, tokens=6) for i in range(60)]
+    run, seen = _spread_level(reserve, min_requests=8)
+    assert 0 < run.drawn < 60 and len(reserve) == 60 - run.drawn  # drew some, not all
+    assert len(run.in_window) >= 8
+    assert [r.id for r in run.results][4:] == [f"r{200 + i}" for i in range(run.drawn)]  # in order
+    assert len(seen) == len(set(seen)) == 8 + run.drawn  # each request sent once
+    assert run.drawn <= 8 + 4 + 4  # stopped within about one minimum (plus a wave in flight) of reaching it
+
+
+def test_a_token_minimum_draws_until_the_window_generated_enough():
+    reserve = [req(200 + i, tokens=6) for i in range(80)]
+    run, _ = _spread_level(reserve, min_requests=1, min_tokens=120)
+    inside = [r for r in run.results if r.id in set(run.in_window)]
+    assert sum(r.output_tokens for r in inside) >= 120
+    assert 0 < run.drawn < 30 and len(reserve) == 80 - run.drawn  # drew, then stopped: the rest left
+
+
+def test_a_failing_level_does_not_drain_the_reserve():
+    from autotune.replay._replay import WindowTarget
+
+    warm = [req(100 + i, tokens=6) for i in range(2)]
+    reserve = [req(200 + i, tokens=6) for i in range(40)]
+    with MockServer(chunk_delay_s=0.002, fail_ids={"r201"}) as m:
+        runs = asyncio.run(run_profile(m.base_url, "m", warm + [req(0, tokens=6), req(1, tokens=6)], levels=[2],
+                                       per_level=2, timeout_s=10, window=WindowTarget(min_requests=30),
+                                       reserve=reserve))
+    assert runs[2].drawn <= 4 and len(reserve) >= 36  # stopped at the failure (r201 and one in flight)
+    assert any(not r.ok for r in runs[2].results)
+
+
+def test_the_study_reserve_is_what_warmup_search_and_confirmation_leave(tmp_path):
+    from autotune.search._study import reserve_requests, split_requests
+    from autotune.traffic import _replayset
+
+    reqs = [req(i) for i in range(30)]
+    spec = _tmp_spec(tmp_path, reqs, mode="profile", levels=[1, 3], warmup=4, requests=10)
+    rs = _replayset.load(spec.replay.path)
+    warmup, search, confirm = split_requests(spec, rs)
+    reserve = reserve_requests(spec, rs)
+    assert [r.id for r in reserve] == [f"r{i}" for i in range(24, 30)]
+    assert not {r.id for r in reserve} & {r.id for r in [*warmup, *search, *confirm]}
+    small = _tmp_spec(tmp_path, reqs[:20], mode="profile", levels=[1, 3], warmup=4, requests=10)
+    assert [r.id for r in reserve_requests(small, _replayset.load(small.replay.path))] == \
+        [f"r{i}" for i in range(14, 20)]  # confirmation reuses the search requests: the rest is spare
 
 
 def test_the_spec_minimum_reaches_the_trials_profile(tmp_path):
@@ -296,7 +374,7 @@ def test_measure_of_a_profile_flags_thin_levels_in_the_trial(tmp_path, monkeypat
     assert {d["min_in_window"] for d in meas.levels.values()} == {40}
     assert set(meas.summary["thin_levels"]) == {"1", "4"}
     assert meas.spec_delta and meas.summary["failed"] == 0   # the counters' delta of the whole start
-    assert "fewer than 40 (replay.min_in_window)" in caplog.text
+    assert "fewer than replay.min_in_window (40)" in caplog.text
 
 
 # --------------------------------------------------------------------------- spec and preflight

@@ -47,7 +47,8 @@ def fake_measure(w: Workload, seed=0, weights=None):
     rng = random.Random(seed)
     calls = []
 
-    def measure(spec, config, requests, warmup, log_path, command, on_server=None, extra_args=None, pid_dir=None):
+    def measure(spec, config, requests, warmup, log_path, command, on_server=None, extra_args=None, pid_dir=None,
+                reserve=None):
         calls.append(config)
         levels = {}
         pooled = []

@@ -61,8 +61,14 @@ class ReplaySpec(_Model):
                                                           "(default equal); weights the objective")
     min_in_window: int | None = Field(
         default=None, ge=1, description="profile mode: fewest requests a level must measure inside its steady "
-                                        "window (default 2x the level); a level with fewer is flagged in the trial "
-                                        "(levels.<L>.thin) and the study warns: its figures rest on too few requests")
+                                        "window (default 2x the level); a level short of it draws further requests "
+                                        "from the replay set's reserve (what warm-up, search and confirmation leave), "
+                                        "and one still short is flagged in the trial (levels.<L>.thin) and the study "
+                                        "warns: its figures rest on too few requests")
+    min_window_tokens: int | None = Field(
+        default=None, ge=1, description="profile mode: fewest output tokens the requests inside a level's steady "
+                                        "window must generate (default: no token minimum); filled and flagged like "
+                                        "min_in_window")
 
     @field_validator("levels")
     @classmethod
@@ -95,7 +101,7 @@ class ReplaySpec(_Model):
             raise ValueError(f"weights must be >= 0 with a positive sum, got {v}")
         return v
 
-    @field_validator("min_in_window")
+    @field_validator("min_in_window", "min_window_tokens")
     @classmethod
     def _min_in_window(cls, v, info):
         if v is not None and info.data.get("mode", "closed") != "profile":

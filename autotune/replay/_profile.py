@@ -27,8 +27,10 @@ other levels' weights are renormalized; its entry in ``levels`` says so.
 
 A level whose steady window held fewer than ``min_in_window`` requests (default twice the level:
 at 32 in flight with identical request lengths, a wave of 32 measured requests can leave 1-7
-inside the window) is flagged: ``thin`` in its ``levels`` entry, its level in the summary's
-``thin_levels``. Its figures stay in the objective, flagged, for the study to report.
+inside the window) or whose in-window requests generated fewer than ``min_window_tokens`` is
+flagged: ``thin`` in its ``levels`` entry, its level in the summary's ``thin_levels``. Its
+figures stay in the objective, flagged, for the study to report. (The replay first tries to
+fill such a window from the replay set's reserve: ``_replay.WindowTarget``.)
 """
 
 from __future__ import annotations
@@ -75,9 +77,11 @@ class ProfileRun:
     """The levels of one profile replay, shaped like a ReplayRun where ``_trial.measure`` reads
     one (``ok``, ``failed``, ``results``, ``summary``)."""
 
-    def __init__(self, levels: dict[int, ReplayRun], weights: dict[int, float], min_in_window: int | None = None):
+    def __init__(self, levels: dict[int, ReplayRun], weights: dict[int, float], min_in_window: int | None = None,
+                 min_window_tokens: int | None = None):
         self.levels = levels
         self.min_in_window = min_in_window
+        self.min_window_tokens = min_window_tokens
         w = {lv: float(weights.get(lv, 0.0)) for lv in levels}
         s = sum(w.values())
         self.weights = {lv: (v / s if s > 0 else 1.0 / len(w)) for lv, v in w.items()}
@@ -96,9 +100,20 @@ class ProfileRun:
         """Fewest in-window requests a level needs: ``min_in_window``, else twice the level."""
         return self.min_in_window if self.min_in_window is not None else 2 * level
 
+    @staticmethod
+    def window_tokens(run: ReplayRun) -> int:
+        """Output tokens of the requests measured inside the level's steady window."""
+        return sum(r.output_tokens or 0 for r in run.measured())
+
+    def is_thin(self, level: int) -> bool:
+        run = self.levels[level]
+        return (len(run.measured()) < self.minimum(level)
+                or self.window_tokens(run) < (self.min_window_tokens or 0))
+
     def thin_levels(self) -> list[int]:
-        """Levels whose steady window held fewer requests than ``minimum(level)``."""
-        return [lv for lv, run in self.levels.items() if len(run.measured()) < self.minimum(lv)]
+        """Levels whose steady window held fewer requests than ``minimum(level)`` or fewer
+        tokens than ``min_window_tokens``."""
+        return [lv for lv in self.levels if self.is_thin(lv)]
 
     def _timed(self, run: ReplayRun, tpot: Callable[[RequestResult], tuple[float | None, str]]
                ) -> list[tuple[float, str | None]]:
@@ -126,9 +141,14 @@ class ProfileRun:
             }
             n, need = len(run.measured()), self.minimum(lv)
             d["in_window"], d["min_in_window"] = n, need
-            if n < need:
+            d["in_window_tokens"], d["drawn"] = self.window_tokens(run), run.drawn
+            if self.min_window_tokens:
+                d["min_window_tokens"] = self.min_window_tokens
+            if self.is_thin(lv):
                 d["thin"] = True
-                d["note"] = f"{n} request(s) inside the steady window, fewer than {need}: few requests"
+                d["note"] = (f"{n} request(s) ({d['in_window_tokens']} tokens) inside the steady window, fewer "
+                             f"than {need}" + (f" requests or {self.min_window_tokens} tokens" if self.min_window_tokens
+                                                else "") + ": few requests")
             if not timed:
                 d["note"] = "no request measured inside the steady window: left out of the objective"
             out[str(lv)] = d
@@ -162,7 +182,8 @@ class ProfileRun:
             out["stall"] = {"stalled": bool(stalled), "levels": stalled,
                             "reason": "; ".join(f"level {lv}: {per[lv]['stall'].get('reason')}" for lv in stalled)}
         out["levels"] = per
-        out["thin_levels"] = {str(lv): {"in_window": len(self.levels[lv].measured()), "min_in_window": self.minimum(lv)}
+        out["thin_levels"] = {str(lv): {"in_window": len(self.levels[lv].measured()), "min_in_window": self.minimum(lv),
+                                        "in_window_tokens": self.window_tokens(self.levels[lv])}
                               for lv in self.thin_levels()}
         out["level_weights"] = {str(k): v for k, v in self.weights.items()}
         out["max_in_flight"] = {str(lv): run.max_in_flight for lv, run in self.levels.items()}

@@ -43,7 +43,7 @@ import math
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from autotune.core._measure import STATISTICS, detect_stall, percentiles, request_tpot_ms, summarize
 from autotune.replay import _http
@@ -59,6 +59,7 @@ __all__ = [
     "run_closed_loop",
     "run_open_loop",
     "run_profile",
+    "WindowTarget",
     "replay",
     "WINDOW_TOLERANCE",
 ]
@@ -245,6 +246,8 @@ class ReplayRun:
     time_scale: float | None = None
     throughput_tok_s: float | None = None
     """profile: output tokens generated inside the steady window per second (overrides tokens / wall_s)."""
+    drawn: int = 0
+    """profile: measured requests the level drew from the reserve to fill its window (``WindowTarget``)."""
 
     def ok(self) -> list[RequestResult]:
         return [r for r in self.results if r.ok]
@@ -479,12 +482,17 @@ async def _send(pool: _http.Pool, base_url: str, model: str, req: ReplayRequest,
 
 async def _loop(client: _http.Pool, base_url: str, model: str,
                 requests: Sequence[ReplayRequest], concurrency: int, timeout_s: float,
-                inflight: _InFlight | None = None
+                inflight: _InFlight | None = None, more: Callable[[list, float | None], ReplayRequest | None] | None = None
                 ) -> tuple[list[RequestResult], tuple[float, float] | None]:
     """Run ``concurrency`` workers over a shared queue; results are in request order.
 
     The steady-state window runs from the moment the last worker sent its first request (all
-    slots busy) to the moment the first worker found the queue empty (a slot ran dry)."""
+    slots busy) to the moment the first worker found the queue empty (a slot ran dry).
+
+    ``more(results, t_full)``, when given, is asked for one further request each time a worker
+    finds the queue empty (``results``: the finished results so far, in request order, ``None``
+    where unfinished; ``t_full``: when all slots were first busy, or None); the loop ends when it
+    returns None. It lets a level run on until its steady window holds enough (``WindowTarget``)."""
     queue: asyncio.Queue[tuple[int, ReplayRequest]] = asyncio.Queue()
     for i, r in enumerate(requests):
         queue.put_nowait((i, r))
@@ -492,12 +500,23 @@ async def _loop(client: _http.Pool, base_url: str, model: str,
     first_start: list[float | None] = [None] * concurrency
     last_end: list[float | None] = [None] * concurrency
 
+    def next_item() -> tuple[int, ReplayRequest] | None:
+        try:
+            return queue.get_nowait()
+        except asyncio.QueueEmpty:
+            pass
+        if more is None:
+            return None
+        full = max(first_start) if all(t is not None for t in first_start) else None  # type: ignore[type-var]
+        req = more(results, full)
+        if req is None:
+            return None
+        results.append(None)
+        return len(results) - 1, req
+
     async def worker(w: int) -> None:
-        while True:
-            try:
-                i, req = queue.get_nowait()
-            except asyncio.QueueEmpty:
-                return
+        while (item := next_item()) is not None:
+            i, req = item
             res = await _one(client, base_url, model, req, timeout_s, inflight)
             results[i] = res
             if first_start[w] is None:
@@ -651,10 +670,41 @@ async def run_open_loop(base_url: str, model: str, requests: Sequence[ReplayRequ
                      time_scale=float(time_scale))
 
 
+@dataclass(frozen=True)
+class WindowTarget:
+    """What a profile level's steady window must hold before the level stops drawing requests.
+
+    A level's closed loop runs its own share of the replay set; when that share is spent and the
+    requests that ran wholly inside the steady window so far (started once every slot was busy,
+    finished OK) number fewer than ``min_requests`` or generated fewer than ``min_tokens``, the
+    loop draws the next request of ``reserve`` (shared by the levels, consumed in order, never
+    reused), and so on until the target is met, the reserve is empty or a measured request failed.
+    Why: at 32 in flight a
+    single measured wave of equal-length requests leaves 1-12 of them inside the window once
+    speculation spreads their finish times, and the level's TPOT then rests on those few."""
+    min_requests: int = 0
+    min_tokens: int = 0
+
+    def feeder(self, reserve: list[ReplayRequest], first_measured: int
+               ) -> Callable[[list, float | None], ReplayRequest | None]:
+        def more(results: list, t_full: float | None) -> ReplayRequest | None:
+            measured = [r for r in results[first_measured:] if r is not None]
+            if not reserve or any(not r.ok for r in measured):
+                return None  # a failing level is not mended by more requests
+            if t_full is not None:
+                inside = [r for r in measured if r.started_at >= t_full]
+                if (len(inside) >= self.min_requests
+                        and sum(r.output_tokens or 0 for r in inside) >= self.min_tokens):
+                    return None
+            return reserve.pop(0)
+        return more
+
+
 async def run_profile(base_url: str, model: str, requests: Sequence[ReplayRequest],
                       levels: Sequence[int] = (1, 4, 8), per_level: int | None = None,
                       warmup_per_level: int | None = None, timeout_s: float = 300.0,
-                      tolerance: float = WINDOW_TOLERANCE) -> dict[int, ReplayRun]:
+                      tolerance: float = WINDOW_TOLERANCE, window: WindowTarget | None = None,
+                      reserve: list[ReplayRequest] | None = None) -> dict[int, ReplayRun]:
     """Closed loops at several concurrency levels against one server; one ReplayRun per level.
 
     ``requests`` are consumed in order and never reused: level 1 takes ``warmup_per_level``
@@ -671,6 +721,9 @@ async def run_profile(base_url: str, model: str, requests: Sequence[ReplayReques
     in ``results`` (outputs, failures) but out of the latency statistics.  The loop drains
     before the next level starts.  ``throughput_tok_s`` counts the tokens generated inside the
     window (a request's tokens spread evenly from its first token to its end).
+
+    ``window`` with ``reserve``: a level whose share leaves its window short of the target runs
+    on with requests drawn from ``reserve`` (a list, consumed in place; see ``WindowTarget``).
     """
     levels = list(levels)
     if not levels:
@@ -680,7 +733,7 @@ async def run_profile(base_url: str, model: str, requests: Sequence[ReplayReques
             raise ValueError(f"levels must be integers >= 1, got {lv!r}")
     if len(set(levels)) != len(levels):
         raise ValueError(f"levels repeat a value: {levels}")
-    _check_unique([requests])
+    _check_unique([requests, reserve or []])
     warm = [warmup_per_level if warmup_per_level is not None else lv for lv in levels]
     if any(w < 0 for w in warm):
         raise ValueError(f"warmup_per_level must be >= 0, got {warmup_per_level}")
@@ -698,15 +751,17 @@ async def run_profile(base_url: str, model: str, requests: Sequence[ReplayReques
         for lv, w in zip(levels, warm):
             wreq, mreq = requests[pos:pos + w], requests[pos + w:pos + w + n]
             pos += w + n
-            out[lv] = await _level(client, base_url, model, wreq, mreq, lv, timeout_s, tolerance)
+            out[lv] = await _level(client, base_url, model, wreq, mreq, lv, timeout_s, tolerance, window, reserve)
     return out
 
 
 async def _level(client: _http.Pool, base_url: str, model: str, warmup: Sequence[ReplayRequest],
-                 requests: Sequence[ReplayRequest], level: int, timeout_s: float, tolerance: float) -> ReplayRun:
+                 requests: Sequence[ReplayRequest], level: int, timeout_s: float, tolerance: float,
+                 target: WindowTarget | None = None, reserve: list[ReplayRequest] | None = None) -> ReplayRun:
     inflight = _InFlight()
     allreq = [*warmup, *requests]
-    results, window = await _loop(client, base_url, model, allreq, level, timeout_s, inflight)
+    more = target.feeder(reserve, len(warmup)) if target is not None and reserve is not None else None
+    results, window = await _loop(client, base_url, model, allreq, level, timeout_s, inflight, more)
     wres, mres = results[:len(warmup)], results[len(warmup):]
     in_window: list[str] = []
     steady: tuple[float, float] | None = None
@@ -733,12 +788,14 @@ async def _level(client: _http.Pool, base_url: str, model: str, warmup: Sequence
                 tokens += r.output_tokens * max(0.0, min(b, t_dry) - max(a, lo)) / (b - a)
             throughput = tokens / (t_dry - lo)
     wall = (max(r.finished_at for r in mres) - min(r.started_at for r in mres)) if mres else 0.0
-    log.info("profile level %d: %d warm-up (%d failed), %d measured (%d failed), %d inside the steady window "
-             "of %.2f s", level, len(wres), sum(not r.ok for r in wres), len(mres),
-             sum(not r.ok for r in mres), len(in_window), (steady[1] - steady[0]) if steady else 0.0)
+    log.info("profile level %d: %d warm-up (%d failed), %d measured (%d failed; %d drawn from the reserve), "
+             "%d inside the steady window of %.2f s", level, len(wres), sum(not r.ok for r in wres), len(mres),
+             sum(not r.ok for r in mres), len(results) - len(allreq), len(in_window),
+             (steady[1] - steady[0]) if steady else 0.0)
     return ReplayRun(results=mres, concurrency=level, wall_s=wall, steady_state=steady, mode="profile",
                      in_window=in_window, max_in_flight=inflight.max(),
-                     mean_in_flight=inflight.mean(*steady) if steady else None, throughput_tok_s=throughput)
+                     mean_in_flight=inflight.mean(*steady) if steady else None, throughput_tok_s=throughput,
+                     drawn=len(results) - len(allreq))
 
 
 def replay(base_url: str, model: str, requests: Sequence[ReplayRequest], concurrency: int,

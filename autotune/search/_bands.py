@@ -104,11 +104,16 @@ def apply(config: dict | None, schedule) -> dict | None:
 
 
 async def run_profile_scraped(client, base_url: str, model: str, pool, levels: Sequence[int],
-                              timeout_s: float = 300.0):
+                              timeout_s: float = 300.0, reserve: Sequence | None = None,
+                              min_in_window: int | None = None, min_window_tokens: int | None = None):
     """``_replay.run_profile`` one level at a time, with a /metrics scrape before and after each
     level (the loop drains between levels, so each delta is that level's). Returns
     ``(runs, deltas)``: level -> ReplayRun, level -> SpecDelta dict (with ``requests``: warm-up
-    and measured requests of the level, which the counters include)."""
+    and measured requests of the level, which the counters include).
+
+    ``reserve``: further requests a level draws, in order and each once, while its steady window
+    holds fewer than ``min_in_window`` (default twice the level) requests or ``min_window_tokens``
+    tokens (``_replay.WindowTarget``)."""
     levels = list(levels)
     warm = list(levels)
     spare = len(pool) - sum(warm)
@@ -117,19 +122,24 @@ async def run_profile_scraped(client, base_url: str, model: str, pool, levels: S
         raise ValueError(f"a profile of levels {levels} needs {sum(warm)} warm-up + {len(levels)} x 1 "
                          f"measured requests, {len(pool)} given")
     runs, deltas, pos = {}, {}, 0
+    spare_reqs = list(reserve or [])
     for lv in levels:
         chunk = list(pool[pos:pos + lv + n])
         pos += lv + n
+        target = _replay.WindowTarget(min_requests=min_in_window if min_in_window is not None else 2 * lv,
+                                      min_tokens=min_window_tokens or 0)
         before = await _metrics.scrape(client, base_url)
         out = await _replay.run_profile(base_url, model, chunk, levels=[lv], per_level=n,
-                                        warmup_per_level=lv, timeout_s=timeout_s)
+                                        warmup_per_level=lv, timeout_s=timeout_s, window=target,
+                                        reserve=spare_reqs)
         after = await _metrics.scrape(client, base_url)
         runs[lv] = out[lv]
-        deltas[lv] = {**_metrics.delta(before, after).to_dict(), "requests": len(chunk)}
+        deltas[lv] = {**_metrics.delta(before, after).to_dict(), "requests": len(chunk) + out[lv].drawn}
     return runs, deltas
 
 
-def scraped_profile_run(runs: dict, weights: dict, deltas: dict, min_in_window: int | None = None):
+def scraped_profile_run(runs: dict, weights: dict, deltas: dict, min_in_window: int | None = None,
+                        min_window_tokens: int | None = None):
     """A ``_profile.ProfileRun`` whose ``level_details`` carry each level's ``spec_delta``."""
     class ScrapedProfileRun(ProfileRun):
         def level_details(self, tpot, statistic: str = "median") -> dict[str, dict]:
@@ -139,7 +149,7 @@ def scraped_profile_run(runs: dict, weights: dict, deltas: dict, min_in_window: 
                     out[str(lv)]["spec_delta"] = d
             return out
 
-    return ScrapedProfileRun(runs, weights, min_in_window)
+    return ScrapedProfileRun(runs, weights, min_in_window, min_window_tokens)
 
 
 # --------------------------------------------------------------------------- verification

@@ -140,6 +140,16 @@ def split_requests(spec: StudySpec, rs: _replayset.ReplaySet):
     return warmup, search, confirm
 
 
+def reserve_requests(spec: StudySpec, rs: _replayset.ReplaySet) -> list:
+    """What warm-up, search and confirmation leave of the replay set: the requests a profile
+    level draws when its steady window is short (``replay.min_in_window``/``min_window_tokens``).
+    Each server start draws from the start of it, so every start measures the same requests."""
+    w = spec.replay.warmup
+    rest = rs.requests[w:]
+    n = spec.replay.requests or len(rest)
+    return list(rest[2 * n:] if len(rest) >= 2 * n else rest[n:])
+
+
 class Study:
     """One Optuna study of one workload, shared by every process that runs it.
 
@@ -173,6 +183,7 @@ class Study:
         self.spec = spec = with_profile(spec, self.replay_set, self.notes)
         self.warmup, self.search_reqs, self.confirm_reqs = split_requests(spec, self.replay_set)
         self.equivalence_reqs = equivalence_requests(spec, self.search_reqs)  # sampled traffic: greedy copies
+        self.reserve_reqs = reserve_requests(spec, self.replay_set) if spec.replay.mode == "profile" else []
         if self.equivalence_reqs and not batch_invariant(spec):
             self.notes.append("equivalence: the engine's greedy outputs depend on which requests share a batch; "
                               f"{len(self.equivalence_reqs)} greedy requests are replayed one at a time after each "
@@ -377,7 +388,8 @@ class Study:
             m = measure(self.spec, config, reqs, self.warmup, log_path, self.command,
                         on_server=self._track_server, pid_dir=self.pid_dir,
                         extra_args=self.caps.per_request_metrics_args(config is not None),
-                        **({"equivalence": self.equivalence_reqs} if self.equivalence_reqs else {}))
+                        **({"equivalence": self.equivalence_reqs} if self.equivalence_reqs else {}),
+                        **({"reserve": self.reserve_reqs} if self.reserve_reqs else {}))
         except TrialFailed as e:
             trial.set_user_attr("error", e.reason)
             raise

@@ -99,13 +99,15 @@ def equivalence_requests(spec: StudySpec, requests: list[ReplayRequest]) -> list
 def measure(spec: StudySpec, config: dict | None, requests: list[ReplayRequest],
             warmup: list[ReplayRequest], log_path: Path, command: list[str],
             on_server=None, extra_args: dict | None = None, pid_dir: Path | None = None,
-            equivalence: list[ReplayRequest] | None = None) -> Measurement:
+            equivalence: list[ReplayRequest] | None = None,
+            reserve: list[ReplayRequest] | None = None) -> Measurement:
     """Run one server start. Raises TrialFailed (with vLLM's reason) when the server won't start,
     dies during the replay (``kill -9``, OOM, a crash: the trial fails, the study goes on), or
     the replay itself breaks.
 
     ``extra_args`` are the tuner's own serve args (per-request metrics). ``equivalence``: greedy
     copies replayed after the measured part, for their outputs only (``equivalence_requests``).
+    ``reserve``: requests a profile level may draw to fill its steady window (``WindowTarget``).
 
     ``on_server`` is called with the running VllmServer, so a signal handler can stop it.
     ``pid_dir`` gets the server's pidfile while it runs (see ``_recovery``).
@@ -131,7 +133,7 @@ def measure(spec: StudySpec, config: dict | None, requests: list[ReplayRequest],
         model = spec.served_model_name or spec.model
         try:
             run, before, after, settled = asyncio.run(
-                _replay_with_scrape(server.base_url, model, requests, warmup, spec, log_path))
+                _replay_with_scrape(server.base_url, model, requests, warmup, spec, log_path, reserve))
             eq_run = asyncio.run(_replay.run_closed_loop(
                 server.base_url, model, equivalence, spec.replay.concurrency if invariant else 1,
                 timeout_s=spec.replay.timeout_s)) if equivalence else None
@@ -160,9 +162,10 @@ def measure(spec: StudySpec, config: dict | None, requests: list[ReplayRequest],
         levels = run.level_details(request_tpot, spec.objective.statistic)
         for lv, detail in levels.items():
             if detail.get("thin"):
-                log.warning("profile level %s: %d request(s) inside the steady window, fewer than %d "
-                            "(replay.min_in_window): its figures rest on few requests", lv, detail["in_window"],
-                            detail["min_in_window"])
+                log.warning("profile level %s: %d request(s), %d tokens inside the steady window, fewer than "
+                            "replay.min_in_window (%d) or replay.min_window_tokens (%s), and the reserve could not "
+                            "fill it: its figures rest on few requests", lv, detail["in_window"],
+                            detail["in_window_tokens"], detail["min_in_window"], detail.get("min_window_tokens", "-"))
     else:
         timed = [(request_tpot(r)[0], r.tag) for r in ok if request_tpot(r)[0] is not None]
         client_tpots = [r.tpot_ms for r in ok if r.tpot_ms is not None]
@@ -247,7 +250,7 @@ def _is_greedy(requests: list[ReplayRequest], rid: str) -> bool:
     return any(r.id == rid and r.greedy for r in requests)
 
 
-async def _replay_with_scrape(base_url, model, requests, warmup, spec, log_path=None):
+async def _replay_with_scrape(base_url, model, requests, warmup, spec, log_path=None, reserve=None):
     """Replay in the spec's ``replay.mode``; the /metrics scrapes around the measured part.
     First the settle rounds (``_settle``: warm-up until the engine stops compiling) at each
     concurrency the replay measures; they run before the first scrape, so no counter holds them.
@@ -272,10 +275,13 @@ async def _replay_with_scrape(base_url, model, requests, warmup, spec, log_path=
             return run, before, after, settled
         if mode == "profile":
             before = await _metrics.scrape(client, base_url)
-            runs, deltas = await run_profile_scraped(client, base_url, model, [*warmup, *requests],
-                                                     levels=spec.replay.levels, timeout_s=spec.replay.timeout_s)
+            runs, deltas = await run_profile_scraped(
+                client, base_url, model, [*warmup, *requests], levels=spec.replay.levels,
+                timeout_s=spec.replay.timeout_s, reserve=reserve, min_in_window=spec.replay.min_in_window,
+                min_window_tokens=spec.replay.min_window_tokens)
             after = await _metrics.scrape(client, base_url)
-            return (scraped_profile_run(runs, spec.replay.weights(), deltas, spec.replay.min_in_window),
+            return (scraped_profile_run(runs, spec.replay.weights(), deltas, spec.replay.min_in_window,
+                                        spec.replay.min_window_tokens),
                     before, after, settled)
         if warmup:
             await _replay.run_closed_loop(base_url, model, warmup, spec.replay.concurrency,

@@ -31,7 +31,7 @@ from autotune.engines._probe import probe, python_for  # noqa: E402
 from autotune.core._signals import graceful_stop  # noqa: E402
 from autotune.search._space import SearchSpace, canonical  # noqa: E402
 from autotune.core._spec import load_spec  # noqa: E402
-from autotune.search._study import split_requests  # noqa: E402
+from autotune.search._study import reserve_requests, split_requests  # noqa: E402
 from autotune.search._trial import TrialFailed, measure  # noqa: E402
 
 # server-log lines worth keeping beside a row: how the drafter and the graphs were set up
@@ -45,9 +45,15 @@ TARGET = "/tmp/models/qwen3-8b"
 """The target of rows written before rows named their model."""
 
 
-def done_counts(paths: list[Path], workload: str, model: str = TARGET) -> dict[str, int]:
+PROTOCOL = "window-filled"
+"""Rows whose profile levels drew from the replay set's reserve until each steady window held
+``replay.min_in_window`` requests (round 5 on); earlier rows measured one share per level."""
+
+
+def done_counts(paths: list[Path], workload: str, model: str = TARGET, protocol: str | None = None) -> dict[str, int]:
     """Measured starts per config key (rows of ``workload``, and no-speculation rows of any workload
-    with the same target model; labelled experiment rows never count)."""
+    with the same target model; labelled experiment rows never count; with ``protocol``, only rows
+    measured under it)."""
     counts: dict[str, int] = {}
     for p in paths:
         if not p.exists():
@@ -61,6 +67,8 @@ def done_counts(paths: list[Path], workload: str, model: str = TARGET) -> dict[s
             same = r.get("workload") in (workload, "*") or r.get("config_key") == "none"
             if r.get("config_key") == "none" and r.get("model", TARGET) != model:
                 same = False
+            if protocol is not None and r.get("protocol") != protocol:
+                continue
             if same and (r.get("ok") or r.get("state") == "COMPLETE") and not r.get("label"):
                 counts[r["config_key"]] = counts.get(r["config_key"], 0) + 1
     return counts
@@ -96,6 +104,8 @@ def _main(argv=None) -> int:
     ap.add_argument("--log-dir", default="/tmp/h200/logs/points")
     ap.add_argument("--home", default="/tmp/h200/home")
     ap.add_argument("--deadline-s", type=float, default=None, help="start no new server after this many seconds")
+    ap.add_argument("--protocol", default=None,
+                    help=f"count only --done rows measured under this protocol ({PROTOCOL!r}: filled windows)")
     ap.add_argument("--starts", type=int, default=1,
                     help="measure each config until it has this many measured starts (grid: counting --done rows)")
     args = ap.parse_args(argv)
@@ -114,9 +124,10 @@ def _main(argv=None) -> int:
         configs += [space.config_from_params(space.params_for(method, int(k))) for k in ks.split(",")]
     rs = _replayset.load(spec.replay.path)
     warmup, search, _ = split_requests(spec, rs)
+    reserve = reserve_requests(spec, rs) if spec.replay.mode == "profile" else []
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    have = done_counts([out, *map(Path, args.done)], spec.workload, spec.model) if not args.label else {}
+    have = done_counts([out, *map(Path, args.done)], spec.workload, spec.model, args.protocol) if not args.label else {}
     # every config's first start before any config's second: a deadline then cuts repeats, not coverage
     order = [(s, cfg) for s in range(args.starts) for cfg in configs]
     for start_no, cfg in order:
@@ -132,11 +143,12 @@ def _main(argv=None) -> int:
         row = {"workload": spec.workload if cfg or spec.model != TARGET else "*", "spec_workload": spec.workload, "label": args.label,
                "model": spec.model, "start_no": start_no + 1, "config_key": key, "config": cfg, "run_config": spec.run_config(cfg),
                "benchmark_only": spec.benchmark_only(), "replay_digest": rs.digest, "vllm_version": caps.version,
+               **({"protocol": PROTOCOL, "reserve": len(reserve)} if reserve else {}),
                "at": time.time()}
         t0 = time.monotonic()
         try:
             m = measure(spec, cfg, search, warmup, log, command,
-                        extra_args=caps.per_request_metrics_args(cfg is not None))
+                        extra_args=caps.per_request_metrics_args(cfg is not None), reserve=reserve)
             row.update(ok=True, tpot=_measure.summarize(m.tpot_ms, spec.objective.statistic) if m.tpot_ms else None,
                        tpot_source=m.tpot_source, start_seconds=m.start_seconds, wall_seconds=m.wall_seconds,
                        levels=m.levels, summary=m.summary, spec_delta=m.spec_delta, argv=m.argv)

@@ -17,7 +17,9 @@
 #                               measure grid points not measured yet (ITEMS: none,ngram=1/2/4,...)
 #                               (neither in this round's rows nor in benchmarks/results/h200-*.jsonl);
 #                               with STARTS (default 1), until each point has that many measured
-#                               starts there, every point's first start before any second one
+#                               starts there, every point's first start before any second one;
+#                               PROTOCOL=window-filled in the environment: count only rows measured
+#                               with filled steady windows (round 5 on)
 #   models                      the other methods' inputs: arctic-inference from .whl/*.whl (suffix
 #                               decoding) into vLLM's /tmp/site, the EAGLE-3 head and the MiMo-7B-shaped
 #                               MTP target (make_method_models.py); forgets the cached vLLM probe
@@ -65,7 +67,7 @@ for step in "$@"; do
         touch /tmp/atsite/.ok
       fi
       [ -d /tmp/models/qwen3-8b ] || python3 .gpu/make_models.py /tmp/models | tail -2
-      [ -f $R/replay.jsonl ] || python3 benchmarks/gpu/make_replay.py $R/replay.jsonl --n 200
+      [ -f $R/replay.jsonl ] && [ "$(wc -l < $R/replay.jsonl)" -ge 400 ] || python3 benchmarks/gpu/make_replay.py $R/replay.jsonl --n 400
       { vllm --version; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; } > $R/results/setup.txt 2>&1
       AUTOTUNE__STUDIES_DIR=benchmarks/gpu python3 -m autotune probe --workload code-h200 > $R/results/probe.txt 2>&1
       python3 -c "import optuna, sqlalchemy, vllm; print('optuna', optuna.__version__, 'vllm', vllm.__version__)" >> $R/results/setup.txt 2>&1
@@ -81,6 +83,7 @@ for step in "$@"; do
       export_trials ;;
     grid)
       python3 benchmarks/gpu/measure_points.py benchmarks/gpu/"$a".yaml --deadline-s "$b" --starts "${d:-1}" \
+        ${PROTOCOL:+--protocol "$PROTOCOL"} \
         --grid $(echo "$c" | tr ',' ' ' | tr '=' ':' | tr '/' ',') --out $R/results/points.jsonl \
         --done $R/results/trials.jsonl benchmarks/results/h200-trials-*.jsonl benchmarks/results/h200-points-*.jsonl \
         benchmarks/results/h200-methods-*.jsonl \
