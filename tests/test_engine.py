@@ -166,7 +166,7 @@ def test_start_failure_reports_the_servers_error_line(tmp_path):
     t0 = time.monotonic()
     with pytest.raises(ServerStartError) as ei:
         server.start()
-    assert time.monotonic() - t0 < 10  # reported on exit, not after the start timeout
+    assert time.monotonic() - t0 < server.start_timeout_s / 2  # reported on exit, not after the start timeout
     e = ei.value
     assert "bad config" in e.reason and e.reason == str(e)
     assert e.returncode == 1
@@ -192,7 +192,7 @@ def test_start_times_out_without_health(tmp_path):
     with pytest.raises(ServerStartError) as ei:
         server.start()
     elapsed = time.monotonic() - t0
-    assert 2 <= elapsed < 8
+    assert 2 <= elapsed < 60  # gave up at the timeout, not after the script's 600 s
     assert "no /health within 2s" in ei.value.reason
     assert ei.value.log_path.exists()
     assert server.proc is None

