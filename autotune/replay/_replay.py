@@ -685,6 +685,13 @@ class WindowTarget:
     min_requests: int = 0
     min_tokens: int = 0
 
+    @classmethod
+    def for_level(cls, level: int, min_in_window: int | None = None, min_window_tokens: int | None = None
+                  ) -> "WindowTarget":
+        """The spec's ``replay.min_in_window`` (default twice the level) and ``min_window_tokens``."""
+        return cls(min_requests=min_in_window if min_in_window is not None else 2 * level,
+                   min_tokens=min_window_tokens or 0)
+
     def feeder(self, reserve: list[ReplayRequest], first_measured: int
                ) -> Callable[[list, float | None], ReplayRequest | None]:
         def more(results: list, t_full: float | None) -> ReplayRequest | None:
@@ -762,6 +769,7 @@ async def _level(client: _http.Pool, base_url: str, model: str, warmup: Sequence
     allreq = [*warmup, *requests]
     more = target.feeder(reserve, len(warmup)) if target is not None and reserve is not None else None
     results, window = await _loop(client, base_url, model, allreq, level, timeout_s, inflight, more)
+    drawn = len(results) - len(allreq)
     wres, mres = results[:len(warmup)], results[len(warmup):]
     in_window: list[str] = []
     steady: tuple[float, float] | None = None
@@ -790,12 +798,12 @@ async def _level(client: _http.Pool, base_url: str, model: str, warmup: Sequence
     wall = (max(r.finished_at for r in mres) - min(r.started_at for r in mres)) if mres else 0.0
     log.info("profile level %d: %d warm-up (%d failed), %d measured (%d failed; %d drawn from the reserve), "
              "%d inside the steady window of %.2f s", level, len(wres), sum(not r.ok for r in wres), len(mres),
-             sum(not r.ok for r in mres), len(results) - len(allreq), len(in_window),
+             sum(not r.ok for r in mres), drawn, len(in_window),
              (steady[1] - steady[0]) if steady else 0.0)
     return ReplayRun(results=mres, concurrency=level, wall_s=wall, steady_state=steady, mode="profile",
                      in_window=in_window, max_in_flight=inflight.max(),
                      mean_in_flight=inflight.mean(*steady) if steady else None, throughput_tok_s=throughput,
-                     drawn=len(results) - len(allreq))
+                     drawn=drawn)
 
 
 def replay(base_url: str, model: str, requests: Sequence[ReplayRequest], concurrency: int,

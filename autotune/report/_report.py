@@ -67,13 +67,13 @@ def _levels_of(t) -> dict[int, float]:
 # --------------------------------------------------------------------------- plots
 
 
-
 def _save(plt, fig, path: Path) -> None:
     """Every figure of the report: laid out, written at one resolution, and closed (pyplot keeps
     open figures alive)."""
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
 
 def plot_tpot_vs_k(plt, trials, predictor: dict | None, path: Path) -> Path | None:
     done = [t for t in _done(trials) if not (t.user_attrs.get("config") or {}).get(BANDS)]

@@ -126,8 +126,7 @@ async def run_profile_scraped(client, base_url: str, model: str, pool, levels: S
     for lv in levels:
         chunk = list(pool[pos:pos + lv + n])
         pos += lv + n
-        target = _replay.WindowTarget(min_requests=min_in_window if min_in_window is not None else 2 * lv,
-                                      min_tokens=min_window_tokens or 0)
+        target = _replay.WindowTarget.for_level(lv, min_in_window, min_window_tokens)
         before = await _metrics.scrape(client, base_url)
         out = await _replay.run_profile(base_url, model, chunk, levels=[lv], per_level=n,
                                         warmup_per_level=lv, timeout_s=timeout_s, window=target,

@@ -144,10 +144,9 @@ def reserve_requests(spec: StudySpec, rs: _replayset.ReplaySet) -> list:
     """What warm-up, search and confirmation leave of the replay set: the requests a profile
     level draws when its steady window is short (``replay.min_in_window``/``min_window_tokens``).
     Each server start draws from the start of it, so every start measures the same requests."""
-    w = spec.replay.warmup
-    rest = rs.requests[w:]
-    n = spec.replay.requests or len(rest)
-    return list(rest[2 * n:] if len(rest) >= 2 * n else rest[n:])
+    warmup, search, confirm = split_requests(spec, rs)
+    used = len(warmup) + len(search) + (len(confirm) if confirm is not search else 0)
+    return list(rs.requests[used:])
 
 
 class Study:
