@@ -47,7 +47,7 @@ def test_study_start_unknown_workload(env):
     r = _run("study", "start", "--workload", "nosuch")
     assert r.exit_code == EXIT_INPUT == 2
     assert "error: no study spec for workload 'nosuch'" in r.output
-    assert "known: chat, chat-llamacpp, code, code-llamacpp, code-smollm2, random" in r.output
+    assert "known: chat, chat-llamacpp, chat-smollm2, code, code-llamacpp, code-smollm2, mixed-smollm2, random" in r.output
 
 
 def test_study_start_invalid_spec_names_file_and_field(env, tmp_path):

@@ -45,6 +45,21 @@ def _spec_error(path: Path) -> str:
 # --------------------------------------------------------------------------- shipped specs
 
 
+@pytest.mark.parametrize("workload", ["code-smollm2", "chat-smollm2", "mixed-smollm2"])
+def test_real_model_specs_differ_only_in_their_traffic(workload, tmp_path, monkeypatch):
+    """The three SmolLM2 workloads search the same space on the same server: only the replay set
+    (its own gateway log and pool) and the study differ, so their grids compare."""
+    monkeypatch.chdir(tmp_path)
+    spec = load_spec(STUDIES / f"{workload}.yaml")
+    code = load_spec(STUDIES / "code-smollm2.yaml")
+    assert spec.workload == workload and spec.study_name == f"autotune-{workload}"
+    assert spec.replay.path == str(ROOT / ".autotune" / "replay" / f"{workload}.jsonl")
+    assert spec.model == str(ROOT / ".autotune" / "models" / "smollm2-135m")
+    strip = {"workload", "replay", "source"}
+    assert spec.model_dump(exclude=strip) == code.model_dump(exclude=strip)
+    assert spec.replay.model_dump(exclude={"path"}) == code.replay.model_dump(exclude={"path"})
+
+
 @pytest.mark.parametrize("workload", ["code", "chat", "random"])
 def test_shipped_specs_validate_and_resolve_paths(workload, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # resolution must not depend on the working directory
@@ -235,7 +250,7 @@ def test_find_spec_error_lists_known_workloads(tmp_path):
         find_spec("nosuch", STUDIES)
     msg = str(ei.value)
     assert "'nosuch'" in msg and str(STUDIES) in msg
-    assert "known: chat, chat-llamacpp, code, code-llamacpp, code-smollm2, random" in msg
+    assert "known: chat, chat-llamacpp, chat-smollm2, code, code-llamacpp, code-smollm2, mixed-smollm2, random" in msg
 
     (tmp_path / "zeta.yml").write_text(VALID)
     (tmp_path / "alpha.yaml").write_text(VALID)

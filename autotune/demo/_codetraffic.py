@@ -177,12 +177,11 @@ def requests(n: int, seed: int = 0, max_tokens: int = 96) -> list[dict]:
     raise TrafficGenError(f"only {len(out)} of the {n} requests could be made from {len(pool)} functions")
 
 
-def gateway_lines(workload: str, n: int, seed: int = 0, max_tokens: int = 96,
-                  spacing_s: float = 37.0) -> list[str]:
-    """The requests as gateway log lines: a timestamp ``spacing_s`` apart from a fixed start, the
-    workload tag, the request body under ``request.body``, the response status."""
+def log_lines(workload: str, bodies: list[dict], spacing_s: float = 37.0) -> list[str]:
+    """Request bodies as gateway log lines: a timestamp ``spacing_s`` apart from a fixed start,
+    the workload tag, the body under ``request.body``, the response status."""
     out = []
-    for i, body in enumerate(requests(n, seed, max_tokens)):
+    for i, body in enumerate(bodies):
         ts = (T0 + timedelta(seconds=i * spacing_s)).isoformat().replace("+00:00", "Z")
         out.append(json.dumps({
             "timestamp": ts, "workload": workload, "request_id": f"{workload}-{i:05d}",
@@ -191,11 +190,22 @@ def gateway_lines(workload: str, n: int, seed: int = 0, max_tokens: int = 96,
     return out
 
 
+def gateway_lines(workload: str, n: int, seed: int = 0, max_tokens: int = 96,
+                  spacing_s: float = 37.0) -> list[str]:
+    """The code-editing requests as gateway log lines (``log_lines``)."""
+    return log_lines(workload, requests(n, seed, max_tokens), spacing_s)
+
+
 def write_log(path: str | Path, workload: str, n: int, seed: int = 0, max_tokens: int = 96) -> Path:
-    """Write the gateway log, gzip without a timestamp in its header (same input, same bytes);
+    """Write the code-editing gateway log (``write_lines``)."""
+    return write_lines(path, gateway_lines(workload, n, seed, max_tokens))
+
+
+def write_lines(path: str | Path, lines: list[str]) -> Path:
+    """Write gateway log lines, gzip without a timestamp in its header (same input, same bytes);
     an identical file is left alone."""
     path = Path(path)
-    data = ("\n".join(gateway_lines(workload, n, seed, max_tokens)) + "\n").encode()
+    data = ("\n".join(lines) + "\n").encode()
     buf = io.BytesIO()
     with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0, filename="") as gz:
         gz.write(data)

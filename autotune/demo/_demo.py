@@ -9,8 +9,10 @@ the CPU build is only correct at temperature 0.
 With ``real`` (what ``autotune demo setup`` does) it also builds a real model for vLLM: the
 SmolLM2-135M-Instruct folder and its self-speculative drafts (``_hfmodels``), and the
 ``code-smollm2`` traffic: a gateway log of code-editing requests on stdlib functions
-(``_codetraffic``) imported and sampled into a replay set by the same code as
-``autotune traffic import`` and ``sample``. The tiny models stay the default of ``make run``.
+(``_codetraffic``), ``chat-smollm2`` (summaries of stdlib prose, explanations, advice:
+``_chattraffic``) and ``mixed-smollm2`` (both), each imported and sampled into a replay set by
+the same code as ``autotune traffic import`` and ``sample``. The tiny models stay the default
+of ``make run``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from autotune.demo import _codetraffic, _hfmodels
+from autotune.demo import _chattraffic, _codetraffic, _hfmodels
 from autotune.demo import _tinymodels as tm
 from autotune.traffic import _replayset
 from autotune.traffic._sampling import sample_workload
@@ -30,6 +32,10 @@ REAL_WORKLOAD = "code-smollm2"
 REAL_LOGGED = 200      # requests in the gateway log
 REAL_SAMPLED = 36      # in the replay set: 4 warm-up + 16 measured + 16 to confirm
 REAL_MAX_MODEL_LEN = 1024
+# the real model's workloads and their request bodies: code edits (prompt lookup pays), chat
+# (summaries, explanations, advice: it mostly does not) and an even mix of the two
+REAL_TRAFFIC = {"code-smollm2": _codetraffic.requests, "chat-smollm2": _chattraffic.requests,
+                "mixed-smollm2": _chattraffic.mixed_requests}
 
 
 def code_prompt(maps: tm.TinyMaps, rng: random.Random) -> tuple[str, int]:
@@ -92,10 +98,13 @@ def replay_requests(kind: str, n: int, seed: int = 0, max_tokens: int = 64) -> l
 
 def real_traffic(home: str | Path, n_logged: int = REAL_LOGGED, n: int = REAL_SAMPLED,
                  workload: str = REAL_WORKLOAD) -> Path:
-    """The code-editing gateway log under ``<home>/logs/``, imported into the workload's pool
-    (replacing it) and sampled into ``<home>/replay/<workload>.jsonl`` (all of the log's time)."""
+    """The workload's gateway log under ``<home>/logs/`` (``REAL_TRAFFIC``), imported into its
+    pool (replacing it) and sampled into ``<home>/replay/<workload>.jsonl`` (all of the log's time)."""
+    if workload not in REAL_TRAFFIC:
+        raise ValueError(f"no demo traffic for workload {workload!r}; one of {', '.join(REAL_TRAFFIC)}")
     home = Path(home)
-    log = _codetraffic.write_log(home / "logs" / f"gateway-{workload}.jsonl.gz", workload, n_logged)
+    lines = _codetraffic.log_lines(workload, REAL_TRAFFIC[workload](n_logged))
+    log = _codetraffic.write_lines(home / "logs" / f"gateway-{workload}.jsonl.gz", lines)
     import_paths([str(log)], home, classifier=Classifier([]), replace=True)
     out, _, _ = sample_workload(home, workload, out=home / "replay" / f"{workload}.jsonl", n=n,
                                 window_hours=None, max_model_len=REAL_MAX_MODEL_LEN, use_tokenizer=False)
@@ -104,7 +113,8 @@ def real_traffic(home: str | Path, n_logged: int = REAL_LOGGED, n: int = REAL_SA
 
 def setup(home: str | Path = ".autotune", requests: int | None = None, real: bool = False) -> dict[str, Path]:
     """Build models and replay sets (idempotent). Returns the paths written. ``real`` adds the
-    SmolLM2 folders and the code-smollm2 replay set (about 16 s more the first time, 1-2 s after)."""
+    SmolLM2 folders and the code-, chat- and mixed-smollm2 replay sets (about 16 s more the first
+    time, 2-3 s after)."""
     home = Path(home)
     paths = {f"model:{k}": v for k, v in tm.build_all(home / "models").items()}
     n = requests or DEFAULT_SIZES["warmup"] + 2 * DEFAULT_SIZES["measured"]
@@ -112,5 +122,6 @@ def setup(home: str | Path = ".autotune", requests: int | None = None, real: boo
         paths[f"replay:{kind}"] = _replayset.save(home / "replay" / f"{kind}.jsonl", replay_requests(kind, n))
     if real:
         paths.update({f"model:{k}": v for k, v in _hfmodels.build_all(home / "models").items()})
-        paths[f"replay:{REAL_WORKLOAD}"] = real_traffic(home)
+        for workload in REAL_TRAFFIC:
+            paths[f"replay:{workload}"] = real_traffic(home, workload=workload)
     return paths
