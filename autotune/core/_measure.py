@@ -436,6 +436,19 @@ class StartNoise:
                 "parts": [dict(p) for p in self.parts]}
 
 
+def noisier_than_prior(own: StartNoise, prior: StartNoise) -> float | None:
+    """One-sided F test of a study's own start-to-start variance against its prior's: the chance
+    of own variance at least this far above the prior's if both measured the same noise. A small
+    value says the prior (a figure from other hardware, another model or another day) understates
+    this machine's noise, and with it every interval the decision states. None without degrees
+    of freedom on either side."""
+    if own.df < 1 or prior.df < 1 or prior.ss <= 0:
+        return None
+    from scipy.stats import f as f_dist
+
+    return float(f_dist.sf((own.ss / own.df) / (prior.ss / prior.df), own.df, prior.df))
+
+
 def pooled_start_noise(samples: dict, source: str = "study") -> StartNoise:
     """Pool the within-config variance of log per-start values: ``samples`` maps a config (any
     key) to its per-start log values; each config with ``n >= 2`` starts adds its squared

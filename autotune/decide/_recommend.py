@@ -203,6 +203,20 @@ def prior_noise(study, history: list[dict] | None) -> _measure.StartNoise:
     return noise
 
 
+PRIOR_CONFLICT_P = 0.01
+
+
+def _prior_check(own: _measure.StartNoise, prior: _measure.StartNoise) -> dict:
+    """``prior_check`` for the evidence when both sides have degrees of freedom: this study's own
+    start-to-start sd against the prior's, the F test's p and whether they conflict (p below
+    ``PRIOR_CONFLICT_P``). Reported, not acted on: the decision still pools both."""
+    p = _measure.noisier_than_prior(own, prior)
+    if p is None:
+        return {}
+    return {"prior_check": {"own_sd_log": own.sd, "own_df": own.df, "prior_sd_log": prior.sd,
+                            "prior_df": prior.df, "p": p, "conflict": p < PRIOR_CONFLICT_P}}
+
+
 def planned_looks(spec) -> int:
     """Confirmation rounds at which the decision may stop: ``confirm_starts`` .. ``confirm_max_starts``
     (one when not sequential). The confidence is split evenly over them (Bonferroni), so the
@@ -288,7 +302,7 @@ def _decide(study, history: list[dict] | None = None) -> Decision:
         "min_gain": gain, "confidence": c["confidence"], "stated_confidence": spec.guards.confidence,
         "looks": c["looks"],
         "noise": {**c["noise"].to_dict(), "study": {"ss": c["own"].ss, "df": c["own"].df},
-                  "prior_df": c["prior"].df},
+                  "prior_df": c["prior"].df, **_prior_check(c["own"], c["prior"])},
         "starts": {"baseline": len(c["B"]), "incumbent": len(c["I"]) if deployed else None,
                    "winner": len(c["W"]) if best is not None else None},
         "confirmation": {"fresh_requests": conf_info.get("fresh_requests"), "rounds": conf_info.get("rounds"),
@@ -429,6 +443,12 @@ def comparison_lines(ev: dict) -> list[str]:
         sd = n.get("sd_log")
         out.append(f"start-to-start noise: {'-' if sd is None else f'{sd:.1%}'} on {n['df']} df "
                    f"({(n.get('study') or {}).get('df', 0)} from this study, {n.get('prior_df', 0)} prior)")
+        pc = n.get("prior_check") or {}
+        if pc.get("conflict"):
+            out.append(f"noise prior understated: this study's own starts vary {pc['own_sd_log']:.1%} on "
+                       f"{pc['own_df']} df, the prior says {pc['prior_sd_log']:.1%} on {pc['prior_df']} df "
+                       f"(F test p = {pc['p']:.2g}); the intervals above rest on the prior: record this "
+                       "machine's noise in objective.start_noise (benchmarks/start_noise.py)")
     sides = [(k, label, ev.get(k)) for k, label in (("baseline", "no speculation"), ("incumbent", "deployed"),
                                                     ("winner", "winner"))]
     figs = [f"{label} {side['tpot_ms']:.2f} ms" + (f" ({side['server_starts']} starts)" if side.get("server_starts") else "")
