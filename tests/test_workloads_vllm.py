@@ -73,7 +73,13 @@ def run_study(spec: Path, tmp_path: Path) -> dict:
     return json.loads((tmp_path / "recommendations" / f"{spec.stem}.json").read_text())
 
 
-def test_ngram_mid_study_finds_the_grids_middle_k(make_spec, tmp_path):
+def test_ngram_mid_study_searches_below_k_max_and_picks_within_the_grids_noise(make_spec, tmp_path):
+    """ngram-mid's measured best is a middle K (K=4), and K=8, the edge a search that stops at
+    K_max would keep, is 6% slower there: less than one start on these machines can tell (CV
+    about 10%, docs/benchmarks.md). So the test asks what a search can be held to: it measures a
+    middle K (a search that stops at the edge never does), and its pick is within the grid's noise
+    of the best. A study that measured the middle may still keep K=8 when K=8's start ran fast;
+    requiring 1 < K < 8 of the pick asserts the machine's timing, and failed in CI."""
     g = grid("ngram-mid")
     best = g[0]
     # the workload is only worth testing while its measured answer is a middle K
@@ -82,12 +88,13 @@ def test_ngram_mid_study_finds_the_grids_middle_k(make_spec, tmp_path):
                      budget__max_server_starts=6, objective__confirm_starts=1)
     rec = run_study(spec, tmp_path)
     assert rec["decision"] == "change", rec["reason"]
-    k = rec["speculative_config"]["num_speculative_tokens"]
-    # not the edge of the space (K=8 is within the grid's noise of the best: the check below alone
-    # would accept the answer this workload exists to rule out), nor the other edge
-    assert rec["speculative_config"]["method"] == "ngram" and 1 < k < 8, rec["speculative_config"]
-    tpot, chosen_noise = grid_point(g, rec["speculative_config"])
-    assert tpot <= best["tpot_ms"] * (1 + noise(best) + chosen_noise), (rec["speculative_config"], tpot, best)
+    conf = rec["speculative_config"]
+    assert conf["method"] == "ngram" and conf["num_speculative_tokens"] > 1, conf
+    done = measured(tmp_path)
+    middle = [c for c in done if c and 1 < c["num_speculative_tokens"] < 8]
+    assert middle, f"the search measured no middle K: {done}"
+    tpot, chosen_noise = grid_point(g, conf)
+    assert tpot <= best["tpot_ms"] * (1 + noise(best) + chosen_noise), (conf, tpot, best)
     assert rec["study"]["server_starts"] <= 6
 
 
