@@ -13,6 +13,7 @@ a study on that prior called a tie a 1.21x win (docs/benchmarks.md, "chat-smollm
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from pathlib import Path
@@ -33,18 +34,14 @@ def samples(rows: list[dict], statistic: str = "median", prefix: str = "") -> di
 
 
 def main(argv=None) -> int:
-    from importlib import util
-
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("grids", nargs="+", help="grid JSONL files (benchmarks/grid.py's rows)")
     ap.add_argument("--statistic", default="median", choices=_measure.STATISTICS)
     args = ap.parse_args(argv)
-    spec = util.spec_from_file_location("bench_grid_rows", Path(__file__).with_name("grid.py"))
-    grid = util.module_from_spec(spec)
-    spec.loader.exec_module(grid)
     pooled: dict[str, list[float]] = {}
     for path in args.grids:
-        s = samples(grid.load_rows(Path(path)), args.statistic, prefix=f"{path}:")
+        rows = [json.loads(x) for x in Path(path).read_text().splitlines() if x.strip()]
+        s = samples(rows, args.statistic, prefix=f"{path}:")
         if not s:
             print(f"{path}: no successful rows", file=sys.stderr)
             return 2

@@ -16,6 +16,7 @@ same interpreter and seed give the same requests.
 
 from __future__ import annotations
 
+import ast
 import functools
 import importlib.util
 import random
@@ -69,7 +70,6 @@ def _prose(text: str) -> list[str]:
 def paragraphs() -> tuple[str, ...]:
     """Prose paragraphs of stdlib module docstrings, in module order (read from the source
     files, not imported: nothing runs)."""
-    import ast
     seen, out = set(), []
     for name in MODULES + _EXTRA_MODULES:
         try:
@@ -104,7 +104,7 @@ def requests(n: int, seed: int = 0, max_tokens: int = 96) -> list[dict]:
     rng = random.Random(f"chat-traffic-{seed}")
     rng.shuffle(paras)
     out, seen = [], set()
-    for i in range(100 * n):
+    for _ in range(100 * n):
         kind = KINDS[len(out) % len(KINDS)]
         if kind == "summary":
             text = f"{rng.choice(_SUMMARY)}\n\n{paras.pop()}"
