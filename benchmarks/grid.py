@@ -11,11 +11,17 @@ interrupted grid continues where it stopped and nothing is measured twice.
     python benchmarks/grid.py benchmarks/workloads/ngram-mid.yaml --k 1,2,3,4,6,8 --starts 3
     python benchmarks/grid.py studies/code-smollm2.yaml --only ngram=2,4,8 --only draft_model=2,4 --starts 2
     python benchmarks/grid.py benchmarks/workloads/ngram-mid.yaml --report   # table only
+
+``--requests N --max-tokens M`` measure a short protocol (the first N measured requests, each
+capped at M output tokens): enough for a configuration's acceptance, which greedy decoding makes
+a property of the requests and not of the machine, where a start of the full protocol would cost
+minutes; rows carry ``protocol`` then, and belong in a file of their own, not a grid's.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import statistics
@@ -74,6 +80,21 @@ def grid_configs(space: SearchSpace, ks: list[int] | None,
                         params = {**params, "draft_model.model": model}
                     configs.append(space.config_from_params(params))
     return configs
+
+
+def short_protocol(requests: int | None, max_tokens: int | None) -> dict | None:
+    """What a row records of a short protocol (None: the spec's own)."""
+    p = {k: v for k, v in (("requests", requests), ("max_tokens", max_tokens)) if v is not None}
+    return p or None
+
+
+def shorten(reqs: list, n: int | None, max_tokens: int | None) -> list:
+    """The first ``n`` requests, each asking for at most ``max_tokens`` (either None: unchanged)."""
+    reqs = list(reqs[:n] if n else reqs)
+    if max_tokens is None:
+        return reqs
+    return [dataclasses.replace(r, body={**r.body, "max_tokens": min(max_tokens, r.body.get("max_tokens") or max_tokens)})
+            for r in reqs]
 
 
 def load_rows(path: Path) -> list[dict]:
@@ -155,7 +176,12 @@ def _main(argv=None) -> int:
     ap.add_argument("--out", help="results JSONL (default benchmarks/results/grid-<workload>.jsonl)")
     ap.add_argument("--report", action="store_true", help="print the table from recorded rows only")
     ap.add_argument("--home", default=str(ROOT / ".autotune"))
+    ap.add_argument("--requests", type=int, help="measure only the first N measured requests (a short protocol)")
+    ap.add_argument("--max-tokens", type=int, help="cap each request's max_tokens (a short protocol)")
     args = ap.parse_args(argv)
+    for name in ("requests", "max_tokens"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise SystemExit(f"--{name.replace('_', '-')} must be at least 1")
 
     spec = load_spec(args.spec)
     out = Path(args.out) if args.out else RESULTS / f"grid-{spec.workload}.jsonl"
@@ -166,6 +192,8 @@ def _main(argv=None) -> int:
         space = SearchSpace.build(spec.space, caps)
         rs = _replayset.load(spec.replay.path)
         warmup, search, _ = split_requests(spec, rs)
+        protocol = short_protocol(args.requests, args.max_tokens)
+        warmup, search = (shorten(warmup, None, args.max_tokens), shorten(search, args.requests, args.max_tokens))
         configs = grid_configs(space, [int(k) for k in args.k.split(",")] if args.k else None,
                                parse_only(args.only))
         print(f"grid {spec.workload}: {len(configs)} configs x {args.starts} starts, "
@@ -181,7 +209,8 @@ def _main(argv=None) -> int:
                 t0 = time.monotonic()
                 row = {"workload": spec.workload, "config_key": key, "config": cfg, "round": rnd,
                        "replay_digest": rs.digest, "vllm_version": caps.version,
-                       "concurrency": spec.replay.concurrency, "at": time.time()}
+                       "concurrency": spec.replay.concurrency, "at": time.time(),
+                       **({"protocol": protocol} if protocol else {})}
                 try:
                     m = measure(spec, cfg, search, warmup, Path(args.home) / "logs" / "grid" /
                                 f"{spec.workload}-{rnd}-{len(rows)}.log", command,

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import statistics
 import sys
 import warnings
@@ -155,20 +156,28 @@ def load_h200_rounds(workloads=("code-h200", "chat-h200"), levels=(1, 32)) -> li
     plain configuration (no bands, no experiment label) kept, each level's figure the statistic of
     its in-window requests as the study saw it.
 
-    Two sets of grids, never mixed: ``h200/<workload>/c<level>``, the rows measured with filled
-    steady windows (``protocol: window-filled``, round 5 on, one machine), and
-    ``h200-r1-4/<workload>/c1``, rounds 1-4 at concurrency 1. Rounds 1-4's c=32 levels measured one
-    wave, and only the requests that finished before the first slot ran dry fell inside the
-    window, the fastest of the wave: that flattered the speculative configs by 10-24%
-    (docs/benchmarks.md, round 5), so those levels are no grid. Nor are rounds mixed at c=1: round
-    5's machine ran the speculative configs 7-29% slower than rounds 1-3's at the same acceptance
-    (no speculation: equal), an offset that would make the older single starts look best. The
+    Grids of one round each, never mixed: ``h200-r<N>/<workload>/c<level>``, the rows of round N
+    measured with filled steady windows (``protocol: window-filled``, round 5 on; the round is the
+    ``-r<N>`` of the file's name), and ``h200-r1-4/<workload>/c1``, rounds 1-4 at concurrency 1.
+    Rounds 1-4's c=32 levels measured one wave, and only the requests that finished before the
+    first slot ran dry fell inside the window, the fastest of the wave: that flattered the
+    speculative configs by 10-24% (docs/benchmarks.md, round 5), so those levels are no grid. Nor
+    are rounds mixed: each ran on another machine, and the machines differ for the speculative
+    configs alone (round 5's ran them 7-29% slower than rounds 1-3's at the same acceptance, round
+    6's 4-21% faster than round 5's; no speculation: equal), an offset that would make one round's
+    single starts look best and, pooled, doubles the apparent start-to-start noise. The
     no-speculation rows that grid steps write for every workload of the target (``"*"``) count in
-    each workload's grid."""
+    each workload's grid of their round (a file without ``-r<N>`` is a round of its own, named by
+    its date)."""
     rows = []
     for pat in ("h200-trials-*.jsonl", "h200-points-*.jsonl", "h200-methods-*.jsonl"):
         for p in sorted(RESULTS.glob(pat)):
-            rows += [json.loads(x) for x in p.read_text().splitlines() if x.strip()]
+            rnd = re.search(r"-(r\d+)$", p.stem)
+            tag = rnd.group(1) if rnd else p.stem.split("-", 2)[-1]
+            rows += [{**json.loads(x), "_round": tag}
+                     for x in p.read_text().splitlines() if x.strip()]
+    filled_rounds = sorted({r["_round"] for r in rows if r.get("protocol") == "window-filled"},
+                           key=lambda x: (len(x), x))
 
     def plain(r, wl):
         cfg = r.get("config")
@@ -176,12 +185,15 @@ def load_h200_rounds(workloads=("code-h200", "chat-h200"), levels=(1, 32)) -> li
                     or r.get("ok") is False
                     or (cfg and ("num_speculative_tokens_per_batch_size" in cfg or cfg.get("method") not in H200_SPACE)))
 
-    def level_starts(filled: bool, wl: str, lv: int) -> dict[str, list[Observation]]:
-        """Config key -> every plain start of ``wl`` at level ``lv`` under one protocol."""
+    def level_starts(rnd: str | None, wl: str, lv: int) -> dict[str, list[Observation]]:
+        """Config key -> every plain start of ``wl`` at level ``lv`` of one filled-window round
+        (``rnd``), or of rounds 1-4 (``None``)."""
         starts: dict[str, list[Observation]] = {}
         for r in rows:
             d = (r.get("levels") or {}).get(str(lv)) or {}
-            if (r.get("protocol") == "window-filled") != filled or not plain(r, wl) or d.get("tpot") is None:
+            filled = r.get("protocol") == "window-filled"
+            if filled != (rnd is not None) or (filled and r["_round"] != rnd) or not plain(r, wl) \
+                    or d.get("tpot") is None:
                 continue
             delta = d.get("spec_delta") or None
             o = Observation(config=r.get("config"), levels={lv: LevelObs(d["tpot"], delta, d.get("in_window"))},
@@ -190,10 +202,11 @@ def load_h200_rounds(workloads=("code-h200", "chat-h200"), levels=(1, 32)) -> li
         return starts
 
     out = []
-    for prefix, filled, lvs in (("h200", True, levels), ("h200-r1-4", False, (1,))):
+    sets = [(f"h200-{rnd}", rnd, levels) for rnd in filled_rounds] + [("h200-r1-4", None, (1,))]
+    for prefix, rnd, lvs in sets:
         for wl in workloads:
             for lv in lvs:
-                starts = level_starts(filled, wl, lv)
+                starts = level_starts(rnd, wl, lv)
                 if "none" not in starts or len(starts) < 3:
                     continue
                 order = sorted((obs[0].config for obs in starts.values()),
@@ -206,9 +219,9 @@ def load_h200_rounds(workloads=("code-h200", "chat-h200"), levels=(1, 32)) -> li
     # start's noise is): every grid of that level draws from it for its configurations recorded once
     for lv in levels:
         pool = []
-        for filled in (True, False):
+        for _, rnd, _ in sets:
             for wl in workloads:
-                for obs in level_starts(filled, wl, lv).values():
+                for obs in level_starts(rnd, wl, lv).values():
                     cfg = obs[0].config
                     if len(obs) >= 2 and (cfg is None or cfg["method"] == "ngram"):
                         m = statistics.mean(o.levels[lv].value for o in obs)
@@ -585,7 +598,7 @@ def studies_table() -> str:
 def gpu_reading(results: list[dict]) -> str:
     """The GPU target, per H200 grid of the autotune rounds: the share of seeded runs whose pick,
     when the search stops by itself, is within 3% of the grid's best after at most 6 starts."""
-    rows = [r for r in results if r["grid"].startswith(("h200/", "h200-r1-4/")) and r["grid"].count("/") == 2]
+    rows = [r for r in results if r["grid"].startswith("h200-r") and r["grid"].count("/") == 2]
     if not rows:
         return ""
     parts = [f"{r['grid']} ({r['configs']} configs, {r['starts_per_config']:.2f} starts each): "
@@ -663,8 +676,9 @@ counts the whole grid; "miss" is how often). Every strategy starts with the no-s
 baseline. Simulated offline on recorded grids: each simulated start draws one of that
 configuration's recorded server starts, so the noise is the machine's own (the 2026-11-29 H200
 rows, `h200/c*`, have one start per configuration: no noise there; on the grids of the autotune
-H200 rounds, `h200/<workload>/c*`, a configuration recorded once is scaled by a relative deviation
-drawn from the repeated starts at that level). "ours" is the predictor-guided search a study runs
+H200 rounds, `h200-r<N>/<workload>/c*`, one grid per round, since each round ran on another
+machine, a configuration recorded once is scaled by a relative deviation drawn from the repeated
+starts at that level). "ours" is the predictor-guided search a study runs
 (`objective.search: predictor`, the default); "stop at" is where it stops by itself (no
 candidate likely to beat the best by more than the noise, and no unmeasured neighbour of the best
 K plausibly faster), with how often its pick then is within

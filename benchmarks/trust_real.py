@@ -6,10 +6,14 @@ a user would run them:
 
 1. ``autotune study start`` on the same workload's replay set, gated on production's figures:
    the replay reproduces production (the gate passes) and the study goes on;
-2. the same with chat requests as the replay set (questions whose answers share little with the
-   prompt): the gate refuses the study (exit 5) and names the figure that is off;
-3. ``autotune drift check`` on the code replay set (no retune) and on the chat one (the mix
-   changed: retune).
+2. the same with the ``chat-smollm2`` workload's replay set (summaries, explanations, advice:
+   answers that share little with the prompt) and with ``mixed-smollm2``'s (code edits and chat):
+   the gate refuses each study (exit 5) and names the figure that is off;
+3. ``autotune drift check`` on the code replay set (no retune), on the chat one and on the mixed
+   one (the mix changed: retune).
+
+The chat and mixed replay sets are the ones ``autotune demo setup`` imports and samples from its
+gateway logs, as a user's traffic would be: the same requests the chat and mixed grids measure.
 
     .venv/bin/autotune demo setup && .venv/bin/python benchmarks/trust_real.py   # about 6 minutes
 
@@ -33,7 +37,6 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autotune.demo import _llamacpp_demo  # noqa: E402
 from autotune.engines._engine import build_argv, free_port  # noqa: E402
 from autotune.testing import play_production  # noqa: E402
 from autotune.traffic import _replayset  # noqa: E402
@@ -92,13 +95,14 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "trust-smollm2.json"))
     args = ap.parse_args(argv)
     home = Path(args.home).resolve()
-    code = home / "replay" / "code-smollm2.jsonl"
-    if not (home / "models" / "smollm2-135m" / "config.json").exists() or not code.exists():
-        print(f"no SmolLM2 demo in {home}: run `autotune demo setup` first", file=sys.stderr)
+    code, chat, mixed = (home / "replay" / f"{w}-smollm2.jsonl" for w in ("code", "chat", "mixed"))
+    missing = [p.name for p in (code, chat, mixed) if not p.exists()]
+    if not (home / "models" / "smollm2-135m" / "config.json").exists() or missing:
+        print(f"no SmolLM2 demo in {home} ({', '.join(missing) or 'no model'}): run `autotune demo setup` first",
+              file=sys.stderr)
         return 2
     work = Path(tempfile.mkdtemp(prefix="trust-real-"))
     (home / "tmp").mkdir(exist_ok=True)
-    chat = _replayset.save(work / "chat-smollm2.jsonl", _llamacpp_demo.replay_requests("chat", 36, max_tokens=96))
     reqs = _replayset.load(code).requests
     vllm = [args.vllm, "serve"]
     serve = yaml.safe_load((ROOT / "studies" / "code-smollm2.yaml").read_text())["engine"]["serve_args"]
@@ -114,7 +118,6 @@ def main(argv=None) -> int:
                                                          "tokens_per_step", "requests_started")},
               "deployed": DEPLOYED, "steps": {}}
     code_spec = spec_file(work, home, vllm, code, prod)
-    chat_spec = spec_file(work, home, vllm, chat, prod)
     result["steps"]["gate_code"] = autotune(["study", "start", "--workload", "code-smollm2", "--spec", str(code_spec)], home)
     rec_path = work / "recommendations" / "code-smollm2.json"
     if rec_path.exists():
@@ -122,13 +125,15 @@ def main(argv=None) -> int:
         result["steps"]["gate_code"]["checks"] = (rec.get("fidelity") or {}).get("checks")
         result["steps"]["gate_code"]["decision"] = rec.get("decision")
     before = rec_path.read_bytes() if rec_path.exists() else None
-    result["steps"]["gate_chat"] = autotune(["study", "start", "--workload", "code-smollm2", "--spec", str(chat_spec),
-                                             "--study-name", "code-smollm2-chat"], home)
-    result["steps"]["gate_chat"]["recommendation_unchanged"] = (rec_path.read_bytes() if rec_path.exists()
-                                                                else None) == before
+    for name, replay in (("chat", chat), ("mixed", mixed)):
+        step = autotune(["study", "start", "--workload", "code-smollm2", "--spec",
+                         str(spec_file(work, home, vllm, replay, prod)), "--study-name", f"code-smollm2-{name}"], home)
+        step["recommendation_unchanged"] = (rec_path.read_bytes() if rec_path.exists() else None) == before
+        result["steps"][f"gate_{name}"] = step
     result["steps"]["drift_code"] = autotune(["drift", "check", "code-smollm2", "--spec", str(code_spec)], home)
-    result["steps"]["drift_chat"] = autotune(["drift", "check", "code-smollm2", "--spec", str(code_spec),
-                                              "--replay", str(chat)], home)
+    for name, replay in (("chat", chat), ("mixed", mixed)):
+        result["steps"][f"drift_{name}"] = autotune(["drift", "check", "code-smollm2", "--spec", str(code_spec),
+                                                     "--replay", str(replay)], home)
     Path(args.out).write_text(json.dumps(result, indent=1, default=str) + "\n")
     print(f"wrote {args.out}")
     return 0

@@ -30,9 +30,13 @@ def main(argv=None) -> int:
             for t in study.get_trials(deepcopy=False):
                 ua = dict(t.user_attrs)
                 m = ua.pop("measurement", None) or {}
+                # levels that could draw from the replay set's reserve (filled steady windows, round 5 on)
+                # carry `drawn`: mark the row as measure_points.py marks its rows
+                filled = any(isinstance(v, dict) and "drawn" in v for v in (m.get("levels") or {}).values())
                 row = {"study": s.study_name, "workload": _workload(s.study_name), "number": t.number, "state": t.state.name, "value": t.value,
                        "config_key": ua.get("config_key"), "config": ua.get("config"), "role": ua.get("role"),
-                       "error": ua.get("error"), "start_seconds": m.get("start_seconds"),
+                       "error": ua.get("error"), **({"protocol": "window-filled"} if filled else {}),
+                       "start_seconds": m.get("start_seconds"),
                        "wall_seconds": m.get("wall_seconds"), "tpot_source": m.get("tpot_source"),
                        "levels": m.get("levels"), "summary": m.get("summary"), "spec_delta": m.get("spec_delta"),
                        "argv": m.get("argv"), "log_path": m.get("log_path"),
