@@ -191,9 +191,8 @@ def load_h200_rounds(workloads=("code-h200", "chat-h200"), levels=(1, 32)) -> li
         starts: dict[str, list[Observation]] = {}
         for r in rows:
             d = (r.get("levels") or {}).get(str(lv)) or {}
-            filled = r.get("protocol") == "window-filled"
-            if filled != (rnd is not None) or (filled and r["_round"] != rnd) or not plain(r, wl) \
-                    or d.get("tpot") is None:
+            row_round = r["_round"] if r.get("protocol") == "window-filled" else None
+            if row_round != rnd or not plain(r, wl) or d.get("tpot") is None:
                 continue
             delta = d.get("spec_delta") or None
             o = Observation(config=r.get("config"), levels={lv: LevelObs(d["tpot"], delta, d.get("in_window"))},
