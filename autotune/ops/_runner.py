@@ -66,6 +66,9 @@ class RunRequest:
     study_name: str | None = None
     max_trials: int | None = None
     max_server_starts: int | None = None
+    pause_after_starts: int | None = None
+    """Stop after this many server starts in this run, before confirming or deciding (exit 0,
+    nothing written, the run recorded as paused); the next run resumes the study."""
     nightly: bool = False
     """Fresh traffic (when the workload has a traffic pool), warm start from the current
     recommendation, and decide against it (the incumbent is what is recommended now)."""
@@ -230,7 +233,7 @@ def _locked(req: RunRequest, spec, settings: Settings, echo: Echo, on_event, loc
             st = Study(spec, caps, space, url, command, home, study_name=req.study_name, on_event=on_event,
                        store=store, pid_dir=pid_dir, warm_start=warm, leader=not req.worker, run_id=run_id,
                        sampler_seed=_worker_seed(spec.seed) if req.worker else None, hardware=settings.hardware,
-                       fidelity_check=_gate.check_study)
+                       fidelity_check=_gate.check_study, pause_after_starts=req.pause_after_starts)
         except (ReplaySetError, ValueError) as e:
             store.finish_run(run_id, "failed", EXIT_INPUT, error=str(e))
             return fail(str(e), EXIT_INPUT)
@@ -257,6 +260,11 @@ def _locked(req: RunRequest, spec, settings: Settings, echo: Echo, on_event, loc
                    f"written, the previous one is unchanged")
             _finish(store, run_id, st, "failed", EXIT_FIDELITY, error=msg)
             return fail(msg, EXIT_FIDELITY)
+        if outcome.paused:
+            _finish(store, run_id, st, "paused", EXIT_OK)
+            echo(f"{outcome.stopped_because}; {outcome.server_starts} server starts in the study so far, "
+                 f"no recommendation written yet")
+            return EXIT_OK
         if req.worker:
             _finish(store, run_id, st, "ok", EXIT_OK)
             echo(f"worker done: {outcome.stopped_because}; {outcome.server_starts} server starts in the study")

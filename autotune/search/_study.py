@@ -80,6 +80,8 @@ class StudyOutcome:
     server_starts: int = 0
     wall_s: float = 0.0
     stopped_because: str = ""
+    paused: bool = False
+    """The run stopped at its ``pause_after_starts``: nothing confirmed or decided yet."""
 
 
 def fingerprint(spec: StudySpec, replay_digest: str, caps: Capabilities, hardware: str | None = None) -> str:
@@ -165,7 +167,8 @@ class Study:
                  pid_dir: Path | None = None, sampler_seed: int | None = None,
                  warm_start: list[dict] | None = None, leader: bool = True, run_id: str | None = None,
                  poll_s: float = 2.0, hardware: str | None = None,
-                 fidelity_check: Callable[["Study"], object] | None = None):
+                 fidelity_check: Callable[["Study"], object] | None = None,
+                 pause_after_starts: int | None = None):
         import optuna
 
         self.spec, self.caps, self.space = spec, caps, space
@@ -231,6 +234,12 @@ class Study:
                               "ones (the decision says so)")
         self._dupes = 0
         self.recovered = self.recover()
+        self.pause_after_starts = pause_after_starts
+        """At most this many server starts in this run, then stop without confirming or deciding:
+        a GPU window shorter than the study (the next run resumes the same study). A start is
+        begun only when the run may still make it, so none is cut short and lost to the budget."""
+        self._starts_at_open = self.server_starts()
+        self.paused = False
 
     # ---- bookkeeping over stored trials -------------------------------------------------
     def trials(self, role: str | None = None, config_key: str | None = None, complete=True):
@@ -465,6 +474,24 @@ class Study:
             self.notes.append(f"bands: vLLM {caps.version} has no num_speculative_tokens_per_batch_size")
         return None
 
+    def _pause_due(self) -> bool:
+        """This run has made its ``pause_after_starts``; ``paused`` is set only where a start is
+        then refused, so the run that makes the study's last start still decides."""
+        return self.pause_after_starts is not None and \
+            self.server_starts() - self._starts_at_open >= self.pause_after_starts
+
+    def _blocked(self, reserve: int) -> str | None:
+        """``_budget_left`` at a point where a start would follow, or the pause that refuses it."""
+        reason = self._budget_left(reserve)
+        if not reason and self._pause_due():
+            self.paused = True
+            return self._pause_reason()
+        return reason
+
+    def _pause_reason(self) -> str:
+        return (f"paused after {self.server_starts() - self._starts_at_open} server starts in this run "
+                f"(pause_after_starts {self.pause_after_starts}); the next run resumes the study")
+
     def _budget_left(self, reserve: int = 0) -> str | None:
         b = self.spec.budget
         if self.server_starts() + reserve >= b.max_server_starts:
@@ -501,8 +528,11 @@ class Study:
         self._dupes = self._dupes + 1 if frozen.user_attrs.get("duplicate") else 0
         if self._dupes >= 25:
             reason = "the sampler keeps proposing measured configurations"
-        if reason and frozen.user_attrs.get("role") != ROLE_CONFIRM:
-            self.stopped_because = reason
+        if frozen.user_attrs.get("role") != ROLE_CONFIRM and (reason or self._pause_due()):
+            if reason:
+                self.stopped_because = reason
+            else:
+                self.paused = True
             study.stop()
 
     def _optimize_one(self) -> None:
@@ -541,7 +571,7 @@ class Study:
 
         self._dupes = 0
         reserve = self.confirm_reserve()
-        while not self.trials(config_key=NONE) and not self._budget_left(reserve):
+        while not self.trials(config_key=NONE) and not self._blocked(reserve):
             if self._in_state((TrialState.RUNNING,), NONE):
                 self._wait_while_running(NONE)          # another worker runs the baseline
             elif not self._in_state((TrialState.WAITING,), NONE) and self._baseline_failed_here():
@@ -553,17 +583,18 @@ class Study:
                               f"(see {self.home / 'logs' / self.name})")
         for cfg in ([self.spec.incumbent] if self.spec.incumbent else []) + self.warm_start:
             params = self._enqueueable(cfg)
-            if params and not self.trials(config_key=canonical(cfg)) and not self._budget_left(reserve):
+            if params and not self.trials(config_key=canonical(cfg)) and not self._blocked(reserve):
                 self._run_enqueued(params, ROLE_SEARCH)
         self.fidelity = None
         if self.leader and self.spec.production.telemetry and self.fidelity_check is not None:
             self.fidelity = self.fidelity_check(self)  # no search on a replay that misses production
         for method in self.space.methods:
-            if self._budget_left(reserve):
-                break
             params = self.space.params_for(method)
-            if not self.trials(config_key=canonical(self.space.config_from_params(params))):
-                self._run_enqueued(params, ROLE_SEARCH)
+            if self.trials(config_key=canonical(self.space.config_from_params(params))):
+                continue
+            if self._blocked(reserve):
+                break
+            self._run_enqueued(params, ROLE_SEARCH)
         # objective.search: the sampler (predictor, grid, random: _sampler.CandidateSampler; tpe) drives
         # study.optimize; TPE first measures each method's acceptance knee (SearchSpace.knee_k)
         searched = isinstance(self.study.sampler, CandidateSampler)
@@ -572,21 +603,24 @@ class Study:
             rates = top[0].user_attrs["measurement"]["spec_delta"].get("per_position_rates") if top else None
             knee = self.space.knee_k(method, rates or [])
             params = self.space.params_for(method, knee) if knee else None
-            if params and not self._budget_left(reserve) and \
-                    not self.trials(config_key=canonical(self.space.config_from_params(params))):
+            if params and not self.trials(config_key=canonical(self.space.config_from_params(params))) \
+                    and not self._blocked(reserve):
                 self._run_enqueued(params, ROLE_SEARCH)
-        if not self._budget_left(reserve):
+        if not self.paused and not self._blocked(reserve):
             self.study.optimize(self.objective, catch=(TrialFailed,), callbacks=[self._callback],
                                 gc_after_trial=False)
-        self.stopped_because = self.stopped_because or self._budget_left(reserve) or "search finished"
-        if self.stopped_because and self.leader:
-            self.study.set_user_attr("stopped_because", self.stopped_because)
-        if self.leader:
-            self._wait_while_running()  # other workers' last trials belong in the decision
-            self.confirm()
+        if not self.paused:
+            self.stopped_because = self.stopped_because or self._budget_left(reserve) or "search finished"
+            if self.stopped_because and self.leader:
+                self.study.set_user_attr("stopped_because", self.stopped_because)
+            if self.leader:
+                self._wait_while_running()  # other workers' last trials belong in the decision
+                self.confirm()
         return StudyOutcome(study_name=self.name, storage=self.storage_url,
                             trials=self.study.get_trials(deepcopy=False), server_starts=self.server_starts(),
-                            wall_s=time.monotonic() - self.t0, stopped_because=self.stopped_because)
+                            wall_s=time.monotonic() - self.t0,
+                            stopped_because=self._pause_reason() if self.paused else self.stopped_because,
+                            paused=self.paused)
 
     def _baseline_failed_here(self) -> bool:
         """The baseline failed in this process already: do not start it again and again."""
@@ -650,6 +684,9 @@ class Study:
                 slot = f"confirm/{i}/{key}"
                 if len(have) > i or any(_claim_key_of(t) == slot for t in have):
                     continue
+                if self._pause_due():
+                    self.paused = True
+                    return
                 if self.server_starts() >= self.spec.budget.max_server_starts:
                     if i < n:
                         self.confirmation["skipped"] = (f"the server-start budget ({self.spec.budget.max_server_starts})"

@@ -10,12 +10,13 @@
 # copies to $OUT every few seconds as results.tgz plus round.log, points.jsonl, trials.jsonl/.txt
 # (a command killed at its time limit still returns its rows):
 #   setup                       autotune deps, model folders, replay set, vLLM version, probe
-#   study:WORKLOAD:SECONDS[:MAX_STARTS]
+#   study:WORKLOAD:SECONDS[:STARTS]
 #                               `autotune study start` on benchmarks/gpu/WORKLOAD.yaml, SIGINT after
 #                               SECONDS (the study resumes on the next call), then trials exported;
-#                               MAX_STARTS: `--max-server-starts` for this call (one more than the
-#                               starts so far makes one start, so a step never begins a start its
-#                               SECONDS cannot finish; an interrupted start counts against the budget)
+#                               STARTS: `--pause-after-starts` for this call (at most STARTS server
+#                               starts, then the study pauses before confirming or deciding; begin a
+#                               step only when its starts fit its SECONDS: an interrupted start
+#                               counts against the budget)
 #   points:WORKLOAD:LABEL:JSON  measure the speculative configs of JSON (a list) once each
 #   grid:WORKLOAD:SECONDS:ITEMS[:STARTS]
 #                               measure grid points not measured yet (ITEMS: none,ngram=1/2/4,...)
@@ -78,7 +79,7 @@ for step in "$@"; do
       cat $R/results/setup.txt; tail -5 $R/results/probe.txt ;;
     study)
       timeout -s INT "$b" python3 -m autotune -v study start --workload "$a" --spec benchmarks/gpu/"$a".yaml \
-        ${c:+--max-server-starts "$c"} \
+        ${c:+--pause-after-starts "$c"} \
         > >(tee -a $R/results/study-"$a".out) 2>&1
       log "study $a exit $?"
       export_trials; tail -20 $R/results/trials.txt ;;

@@ -1,0 +1,102 @@
+"""`study start --pause-after-starts N`: a study run in slices of N server starts makes the same
+starts, in the same order, and reaches the same decision as one uninterrupted run; a paused run
+writes nothing and is recorded as paused (the GPU window that ends before the study does)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from _synthetic import Workload
+from test_search_study import RATES, fake_measure, make_spec
+from autotune.core._settings import Settings
+from autotune.core._store import Store
+from autotune.engines import _probe
+from autotune.engines._probe import Capabilities
+from autotune.ops import _runner
+from autotune.search import _study
+from autotune.search._space import canonical
+
+CAPS = Capabilities(version="0.32.0", methods=["ngram"], fields=["method", "num_speculative_tokens",
+                    "prompt_lookup_min", "prompt_lookup_max"], arctic_inference=False)
+
+
+@pytest.fixture
+def env(monkeypatch):
+    monkeypatch.setattr(_probe, "probe", lambda *a, **k: CAPS)
+    for k in ("AUTOTUNE__STORAGE", "AUTOTUNE__RECOMMENDATIONS_DIR", "AUTOTUNE__STUDIES_DIR"):
+        monkeypatch.delenv(k, raising=False)
+
+    def setup(d):
+        spec = make_spec(d, budget={"max_trials": 8, "max_server_starts": 10, "max_wall_minutes": 10})
+        monkeypatch.setenv("AUTOTUNE__HOME", str(d / "home"))
+        fm = fake_measure(Workload(rates=RATES))
+        monkeypatch.setattr(_study, "measure", fm)
+        return spec, fm
+    return setup
+
+
+def _run(d, pause=None):
+    said: list[str] = []
+    code = _runner.run(_runner.RunRequest(workload="syn", spec_path=str(d / "syn.yaml"), pause_after_starts=pause),
+                       settings=Settings(), echo=lambda msg, err=False: said.append(msg))
+    return code, said
+
+
+def test_a_study_in_slices_of_one_start_matches_the_uninterrupted_study(tmp_path, env):
+    whole, sliced = tmp_path / "whole", tmp_path / "sliced"
+    whole.mkdir(), sliced.mkdir()
+    spec, fm = env(whole)
+    code, said = _run(whole)
+    assert code == 0, said
+    reference = [canonical(c) for c in fm.calls]
+    want = json.loads((whole / "rec" / "syn.json").read_text())
+    assert len(reference) >= 5  # baseline, K max, search, confirmation: several slices below
+
+    spec, fm = env(sliced)
+    rec = sliced / "rec" / "syn.json"
+    store = Store(spec.storage)
+    paused_runs = 0
+    while True:
+        before = len(fm.calls)
+        code, said = _run(sliced, pause=1)
+        assert code == 0, said
+        made = len(fm.calls) - before
+        assert made <= 1, said  # never more than the slice allows
+        if rec.exists():
+            break
+        paused_runs += 1
+        assert made == 1 or paused_runs > 1, said  # a slice that made nothing only after one that did
+        assert "paused after" in said[-1] and "no recommendation written yet" in said[-1]
+        assert paused_runs <= len(reference) + 2, "the slices never finish"
+    assert [canonical(c) for c in fm.calls] == reference  # the same starts, in the same order
+    got = json.loads(rec.read_text())
+    assert got["decision"] == want["decision"]
+    assert got["speculative_config"] == want["speculative_config"]
+    assert got["evidence"]["winner"]["config"] == want["evidence"]["winner"]["config"]
+    outcomes = [r["outcome"] for r in store.query("SELECT outcome FROM autotune_runs WHERE workload = 'syn'")]
+    assert sorted(outcomes) == ["ok"] + ["paused"] * paused_runs  # each paused run recorded as such
+    assert paused_runs >= len(reference) - 1  # every start but the last one ended a paused run
+
+
+def test_a_slice_that_makes_the_last_start_decides(tmp_path, env):
+    """The run whose allowance ends exactly with the study's last start writes the decision."""
+    spec, fm = env(tmp_path)
+    code, said = _run(tmp_path)
+    assert code == 0, said
+    n = len(fm.calls)
+    other = tmp_path / "again"
+    other.mkdir()
+    spec, fm = env(other)
+    code, said = _run(other, pause=n)
+    assert code == 0 and len(fm.calls) == n, said
+    assert (other / "rec" / "syn.json").exists(), said
+
+
+def test_pause_after_zero_starts_is_refused():
+    from autotune.cli._main import main
+
+    res = CliRunner().invoke(main, ["study", "start", "--workload", "syn", "--pause-after-starts", "0"])
+    assert res.exit_code == 2 and "--pause-after-starts" in res.output
