@@ -100,3 +100,44 @@ def test_pause_after_zero_starts_is_refused():
 
     res = CliRunner().invoke(main, ["study", "start", "--workload", "syn", "--pause-after-starts", "0"])
     assert res.exit_code == 2 and "--pause-after-starts" in res.output
+
+
+def test_an_interrupted_start_does_not_spend_the_budget(tmp_path, env, monkeypatch):
+    """SIGINT in the middle of a start (a GPU window's time limit): the rerun redoes that start, and
+    the study makes the same measured starts and decision as one uninterrupted run, under a
+    budget of server starts that binds."""
+    budget = {"max_trials": 8, "max_server_starts": 5, "max_wall_minutes": 10}
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    whole.mkdir(), cut.mkdir()
+    spec, fm = env(whole)
+    make_spec(whole, budget=budget)  # the same study, its budget tighter
+    code, said = _run(whole)
+    assert code == 0, said
+    reference = [canonical(c) for c in fm.calls]
+    assert len(reference) == 5  # the budget binds: every start it allows is made
+    want = json.loads((whole / "rec" / "syn.json").read_text())
+    assert "server-start budget (5) reached" in want["study"]["stopped_because"]
+
+    spec, fm = env(cut)
+    spec = make_spec(cut, budget=budget)
+    measure, calls = fm, []
+
+    def interrupted_third(*a, **k):
+        calls.append(a[1])
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return measure(*a, **k)
+    monkeypatch.setattr(_study, "measure", interrupted_third)
+    code, said = _run(cut)
+    assert code == 130 and "interrupted" in said[-1], said
+    assert not (cut / "rec" / "syn.json").exists()
+    code, said = _run(cut)
+    assert code == 0, said
+    assert [canonical(c) for c in fm.calls] == reference  # the measured starts: the same, in order
+    assert canonical(calls[2]) == canonical(calls[3])  # the interrupted start was redone first
+    got = json.loads((cut / "rec" / "syn.json").read_text())
+    assert got["decision"] == want["decision"] and got["speculative_config"] == want["speculative_config"]
+    assert got["study"]["server_starts"] == 6 and got["study"]["interrupted_starts"] == 1
+    assert got["study"]["stopped_because"] == ("server-start budget (5) reached "
+                                               "(1 start stopped by a signal not counted)")
+    assert any("6 server starts (1 stopped by a signal, not counted against the budget)" in line for line in said), said

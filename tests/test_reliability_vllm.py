@@ -193,6 +193,7 @@ def test_sigterm_during_a_trial_stops_cleanly_within_seconds(make_spec, tmp_path
     assert list((tmp_path / "locks" / "gpu-0.servers").glob("*.json")) == []
     (t,) = _trials(url)
     assert t.state.name == "FAIL" and t.user_attrs["interrupted"] is True
+    assert t.user_attrs["interrupted_by"] == "SIGTERM"  # not counted against the start budget
     assert t.user_attrs["error"] == "interrupted by SIGTERM: vllm serve stopped, trial not measured"
     assert "interrupted (SIGTERM): server stopped, running trial marked failed; rerun to resume" in out.text()
     (run,) = Store(url).query("SELECT outcome, exit_code, error FROM autotune_runs")
@@ -262,6 +263,9 @@ def test_daemon_killed_mid_study_resumes_without_losing_or_repeating_trials(make
     runs = Store(url).query("SELECT outcome, kind FROM autotune_runs ORDER BY started_at")
     assert [r["outcome"] for r in runs] == ["interrupted", "ok"] and {r["kind"] for r in runs} == {"daemon"}
     rec = json.loads((tmp_path / "recommendations" / "code.json").read_text())
+    # a start whose process died counts against the budget (unlike one stopped by a signal)
+    assert rec["study"]["interrupted_starts"] == 0
+    assert rec["study"]["stopped_because"] == "server-start budget (3) reached"
     # confirm_starts 0: a winner not confirmed on fresh starts is never a change (docs/decisions.md)
     assert rec["decision"] == "keep" and "not confirmed" in rec["reason"], rec["reason"]
     assert rec["run"]["kind"] == "daemon" and rec["run"]["nightly"]

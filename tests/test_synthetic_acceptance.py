@@ -143,8 +143,8 @@ def test_recommendation_never_carries_the_sampler_and_is_marked(tmp_path):
     spec = load_spec(_spec(tmp_path, "benchmark:\n  synthetic_acceptance: {alpha: 0.8}\n"))
     cfg = {"method": "ngram", "num_speculative_tokens": 3}
     decision = _recommend.Decision("change", "faster", cfg, {"statistic": "median"})
-    outcome = SimpleNamespace(study_name="s", storage="sqlite://", trials=[], server_starts=2, wall_s=1.0,
-                              stopped_because="done")
+    outcome = SimpleNamespace(study_name="s", storage="sqlite://", trials=[], server_starts=2, interrupted_starts=0,
+                              wall_s=1.0, stopped_because="done")
     rec = _recommend.build(_fake_study(spec, cfg), decision, outcome)
     deployable = json.dumps([rec["speculative_config"], rec["vllm_serve_args"], rec["vllm_config_yaml"],
                              rec["rollback"]])
@@ -159,7 +159,7 @@ def test_production_recommendation_has_no_mark(tmp_path):
     cfg = {"method": "ngram", "num_speculative_tokens": 3}
     rec = _recommend.build(_fake_study(spec, cfg), _recommend.Decision("change", "faster", cfg, {}),
                            SimpleNamespace(study_name="s", storage="sqlite://", trials=[], server_starts=2,
-                                           wall_s=1.0, stopped_because="done"))
+                                           interrupted_starts=0, wall_s=1.0, stopped_because="done"))
     assert "benchmark_only" not in rec and "warning" not in rec
 
 

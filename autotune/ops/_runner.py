@@ -294,7 +294,7 @@ def _locked(req: RunRequest, spec, settings: Settings, echo: Echo, on_event, loc
         if st is not None:
             if st.current_server is not None:
                 st.current_server.stop()
-            st.fail_own_running(reason)
+            st.fail_own_running(reason, signame_of(e))
             _finish(store, run_id, st, "interrupted", EXIT_INTERRUPTED, error=reason)
         else:
             store.finish_run(run_id, "interrupted", EXIT_INTERRUPTED, error=reason)
@@ -318,7 +318,9 @@ def _locked(req: RunRequest, spec, settings: Settings, echo: Echo, on_event, loc
         echo(f"  drift: {note}")
     for line in _gate.lines(payload["fidelity"]):
         echo(f"  {line}")
-    echo(f"  {outcome.server_starts} server starts, {len(outcome.trials)} trials, {outcome.wall_s:.0f}s")
+    echo(f"  {outcome.server_starts} server starts"
+         + (f" ({outcome.interrupted_starts} stopped by a signal, not counted against the budget)"
+            if outcome.interrupted_starts else "") + f", {len(outcome.trials)} trials, {outcome.wall_s:.0f}s")
     echo(f"wrote {path}")
     return EXIT_OK
 

@@ -78,6 +78,9 @@ class StudyOutcome:
     storage: str
     trials: list = field(default_factory=list)
     server_starts: int = 0
+    """Every start made; ``interrupted_starts`` of them measured nothing and did not count
+    against the budget."""
+    interrupted_starts: int = 0
     wall_s: float = 0.0
     stopped_because: str = ""
     paused: bool = False
@@ -261,13 +264,29 @@ class Study:
                 if claim_key is None or _claim_key_of(t) == claim_key]
 
     def server_starts(self) -> int:
+        """Every server start the study made, interrupted ones included: what it cost."""
         return sum(int(t.user_attrs.get("server_starts", 0)) for t in self.study.get_trials(deepcopy=False)
                    if t.state.name != "WAITING")
+
+    def interrupted_starts(self) -> int:
+        """Starts stopped by SIGINT or SIGTERM (``interrupted_by``): someone chose to stop them, so
+        they measured nothing through no fault of their configuration."""
+        return sum(int(t.user_attrs.get("server_starts", 0)) for t in self.study.get_trials(deepcopy=False)
+                   if t.user_attrs.get("interrupted_by"))
+
+    def budget_starts(self) -> int:
+        """The starts ``budget.max_server_starts`` counts: all but ``interrupted_starts``, so the
+        rerun that resumes a stopped study redoes the stopped start without losing a measured one
+        (``max_wall_minutes`` bounds what each run spends). A start whose autotune process died
+        still counts: the cause is unknown (the host's OOM killer may answer the configuration), and
+        counting it bounds a crash loop."""
+        return self.server_starts() - self.interrupted_starts()
 
     def search_trials(self) -> int:
         return sum(1 for t in self.study.get_trials(deepcopy=False)
                    if t.user_attrs.get("role") in (ROLE_BASELINE, ROLE_SEARCH)
-                   and t.user_attrs.get("server_starts", 0) and t.state.name != "WAITING")
+                   and t.user_attrs.get("server_starts", 0) and t.state.name != "WAITING"
+                   and not t.user_attrs.get("interrupted_by"))
 
     def start_to_start_noise(self, m: Measurement) -> dict:
         """Start-to-start noise as known when ``m`` is recorded: the sd of log per-start objective
@@ -405,6 +424,7 @@ class Study:
             # measure() has stopped the server on its way out; say why the trial failed
             trial.set_user_attr("error", f"interrupted by {signame_of(e)}: vllm serve stopped, trial not measured")
             trial.set_user_attr("interrupted", True)
+            trial.set_user_attr("interrupted_by", signame_of(e))
             raise
         return self._record(trial, m, role)
 
@@ -494,8 +514,10 @@ class Study:
 
     def _budget_left(self, reserve: int = 0) -> str | None:
         b = self.spec.budget
-        if self.server_starts() + reserve >= b.max_server_starts:
-            return f"server-start budget ({b.max_server_starts}) reached"
+        if self.budget_starts() + reserve >= b.max_server_starts:
+            n = self.interrupted_starts()
+            return f"server-start budget ({b.max_server_starts}) reached" + (
+                f" ({n} start{'s' * (n > 1)} stopped by a signal not counted)" if n else "")
         if self.search_trials() >= b.max_trials:
             return f"trial budget ({b.max_trials}) reached"
         if (time.monotonic() - self.t0) / 60 >= b.max_wall_minutes:
@@ -618,6 +640,7 @@ class Study:
                 self.confirm()
         return StudyOutcome(study_name=self.name, storage=self.storage_url,
                             trials=self.study.get_trials(deepcopy=False), server_starts=self.server_starts(),
+                            interrupted_starts=self.interrupted_starts(),
                             wall_s=time.monotonic() - self.t0,
                             stopped_because=self._pause_reason() if self.paused else self.stopped_because,
                             paused=self.paused)
@@ -687,7 +710,7 @@ class Study:
                 if self._pause_due():
                     self.paused = True
                     return
-                if self.server_starts() >= self.spec.budget.max_server_starts:
+                if self.budget_starts() >= self.spec.budget.max_server_starts:
                     if i < n:
                         self.confirmation["skipped"] = (f"the server-start budget ({self.spec.budget.max_server_starts})"
                                                         f" was spent after {i} of {n} confirmation rounds")
@@ -697,7 +720,7 @@ class Study:
                 self._run_enqueued(params, ROLE_CONFIRM, claim_key=slot, attrs=attrs)
             self.confirmation["rounds"] = i + 1
 
-    def fail_own_running(self, reason: str) -> None:
+    def fail_own_running(self, reason: str, signame: str = "SIGINT") -> None:
         """After an interrupt: any trial of this process still RUNNING is failed with the reason."""
         import os
 
@@ -709,6 +732,7 @@ class Study:
                     tid = trial_id(self.study, self.storage, t.number)
                     self.storage.set_trial_user_attr(tid, "error", reason)
                     self.storage.set_trial_user_attr(tid, "interrupted", True)
+                    self.storage.set_trial_user_attr(tid, "interrupted_by", signame)
                     self.storage.set_trial_state_values(tid, state=TrialState.FAIL)
                     self._record_trial(self.storage.get_trial(tid))
                 except Exception:

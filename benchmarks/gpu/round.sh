@@ -16,7 +16,7 @@
 #                               STARTS: `--pause-after-starts` for this call (at most STARTS server
 #                               starts, then the study pauses before confirming or deciding; begin a
 #                               step only when its starts fit its SECONDS: an interrupted start
-#                               counts against the budget)
+#                               costs its GPU time, and the next step redoes it first)
 #   points:WORKLOAD:LABEL:JSON  measure the speculative configs of JSON (a list) once each
 #   grid:WORKLOAD:SECONDS:ITEMS[:STARTS]
 #                               measure grid points not measured yet (ITEMS: none,ngram=1/2/4,...)
