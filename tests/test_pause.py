@@ -141,3 +141,16 @@ def test_an_interrupted_start_does_not_spend_the_budget(tmp_path, env, monkeypat
     assert got["study"]["stopped_because"] == ("server-start budget (5) reached "
                                                "(1 start stopped by a signal not counted)")
     assert any("6 server starts (1 stopped by a signal, not counted against the budget)" in line for line in said), said
+
+
+def test_a_signal_stop_is_told_from_a_death_also_in_older_storages():
+    from types import SimpleNamespace as T
+
+    from autotune.search._study import stopped_by_signal
+    assert stopped_by_signal(T(user_attrs={"interrupted": True, "interrupted_by": "SIGTERM"}))
+    # written before the mark existed: the error says it
+    assert stopped_by_signal(T(user_attrs={"interrupted": True,
+                                           "error": "interrupted by SIGINT: vllm serve stopped, trial not measured"}))
+    assert not stopped_by_signal(T(user_attrs={"interrupted": True, "error": "interrupted: its autotune process "
+                                               "(pid 7 on h) died during the trial; retried"}))
+    assert not stopped_by_signal(T(user_attrs={"error": "vllm serve exited with code 1"}))

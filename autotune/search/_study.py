@@ -272,7 +272,7 @@ class Study:
         """Starts stopped by SIGINT or SIGTERM (``interrupted_by``): someone chose to stop them, so
         they measured nothing through no fault of their configuration."""
         return sum(int(t.user_attrs.get("server_starts", 0)) for t in self.study.get_trials(deepcopy=False)
-                   if t.user_attrs.get("interrupted_by"))
+                   if stopped_by_signal(t))
 
     def budget_starts(self) -> int:
         """The starts ``budget.max_server_starts`` counts: all but ``interrupted_starts``, so the
@@ -286,7 +286,7 @@ class Study:
         return sum(1 for t in self.study.get_trials(deepcopy=False)
                    if t.user_attrs.get("role") in (ROLE_BASELINE, ROLE_SEARCH)
                    and t.user_attrs.get("server_starts", 0) and t.state.name != "WAITING"
-                   and not t.user_attrs.get("interrupted_by"))
+                   and not stopped_by_signal(t))
 
     def start_to_start_noise(self, m: Measurement) -> dict:
         """Start-to-start noise as known when ``m`` is recorded: the sd of log per-start objective
@@ -737,6 +737,13 @@ class Study:
                     self._record_trial(self.storage.get_trial(tid))
                 except Exception:
                     pass
+
+
+def stopped_by_signal(t) -> bool:
+    """The trial's start was stopped by SIGINT or SIGTERM (``interrupted_by``; storages written before
+    that mark say it in the error: ``interrupted by SIGINT: ...``), not by its process dying."""
+    return bool(t.user_attrs.get("interrupted_by")) or \
+        str(t.user_attrs.get("error") or "").startswith("interrupted by SIG")
 
 
 def _claim_key_of(t) -> str | None:
