@@ -44,7 +44,7 @@ from autotune.engines._probe import ProbeError
 from autotune.engines._serverlog import engine_note_lines
 from autotune.search import _preflight
 from autotune.search._space import SearchSpace
-from autotune.search._study import Study
+from autotune.search._study import Study, interrupted_attrs
 from autotune.search._trial import TrialFailed
 from autotune.traffic import _replayset, _traffic
 from autotune.traffic._replayset import ReplaySetError
@@ -290,11 +290,11 @@ def _locked(req: RunRequest, spec, settings: Settings, echo: Echo, on_event, loc
             return fail(msg, EXIT_WRITE)
         _finish(store, run_id, st, "ok", EXIT_OK, decision=decision.decision)
     except KeyboardInterrupt as e:
-        reason = f"interrupted by {signame_of(e)}: vllm serve stopped, trial not measured"
+        reason = interrupted_attrs(signame_of(e))["error"]
         if st is not None:
             if st.current_server is not None:
                 st.current_server.stop()
-            st.fail_own_running(reason, signame_of(e))
+            st.fail_own_running(signame_of(e))
             _finish(store, run_id, st, "interrupted", EXIT_INTERRUPTED, error=reason)
         else:
             store.finish_run(run_id, "interrupted", EXIT_INTERRUPTED, error=reason)

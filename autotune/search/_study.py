@@ -422,9 +422,8 @@ class Study:
             raise
         except KeyboardInterrupt as e:
             # measure() has stopped the server on its way out; say why the trial failed
-            trial.set_user_attr("error", f"interrupted by {signame_of(e)}: vllm serve stopped, trial not measured")
-            trial.set_user_attr("interrupted", True)
-            trial.set_user_attr("interrupted_by", signame_of(e))
+            for k, v in interrupted_attrs(signame_of(e)).items():
+                trial.set_user_attr(k, v)
             raise
         return self._record(trial, m, role)
 
@@ -720,8 +719,9 @@ class Study:
                 self._run_enqueued(params, ROLE_CONFIRM, claim_key=slot, attrs=attrs)
             self.confirmation["rounds"] = i + 1
 
-    def fail_own_running(self, reason: str, signame: str = "SIGINT") -> None:
-        """After an interrupt: any trial of this process still RUNNING is failed with the reason."""
+    def fail_own_running(self, signame: str) -> None:
+        """After the signal ``signame``: any trial of this process still RUNNING is failed, marked
+        as stopped by it (``interrupted_attrs``)."""
         import os
 
         from optuna.trial import TrialState
@@ -730,13 +730,19 @@ class Study:
             if (t.user_attrs.get("owner") or {}).get("pid") == os.getpid():
                 try:
                     tid = trial_id(self.study, self.storage, t.number)
-                    self.storage.set_trial_user_attr(tid, "error", reason)
-                    self.storage.set_trial_user_attr(tid, "interrupted", True)
-                    self.storage.set_trial_user_attr(tid, "interrupted_by", signame)
+                    for k, v in interrupted_attrs(signame).items():
+                        self.storage.set_trial_user_attr(tid, k, v)
                     self.storage.set_trial_state_values(tid, state=TrialState.FAIL)
                     self._record_trial(self.storage.get_trial(tid))
                 except Exception:
                     pass
+
+
+def interrupted_attrs(signame: str) -> dict:
+    """What a trial stopped by the signal ``signame`` carries: the reason, and the mark that
+    ``stopped_by_signal`` reads (such a start does not count against the budget)."""
+    return {"error": f"interrupted by {signame}: vllm serve stopped, trial not measured", "interrupted": True,
+            "interrupted_by": signame}
 
 
 def stopped_by_signal(t) -> bool:
