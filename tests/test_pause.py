@@ -38,9 +38,10 @@ def env(monkeypatch):
     return setup
 
 
-def _run(d, pause=None):
+def _run(d, pause=None, minutes=None):
     said: list[str] = []
-    code = _runner.run(_runner.RunRequest(workload="syn", spec_path=str(d / "syn.yaml"), pause_after_starts=pause),
+    code = _runner.run(_runner.RunRequest(workload="syn", spec_path=str(d / "syn.yaml"), pause_after_starts=pause,
+                                          pause_after_minutes=minutes),
                        settings=Settings(), echo=lambda msg, err=False: said.append(msg))
     return code, said
 
@@ -154,3 +155,88 @@ def test_a_signal_stop_is_told_from_a_death_also_in_older_storages():
     assert not stopped_by_signal(T(user_attrs={"interrupted": True, "error": "interrupted: its autotune process "
                                                "(pid 7 on h) died during the trial; retried"}))
     assert not stopped_by_signal(T(user_attrs={"error": "vllm serve exited with code 1"}))
+
+
+class _Clock:
+    """A monotonic clock that only the fake starts move: a start of ngram K takes 150 + 10 K s, the
+    baseline 200 s (the GPU's order of magnitude), so the test is not timed."""
+    def __init__(self):
+        self.t = 1000.0
+
+    def monotonic(self):
+        return self.t
+
+    @staticmethod
+    def sleep(s):
+        pass
+
+
+def test_a_study_in_timed_windows_begins_only_starts_that_fit_and_matches_the_uninterrupted_study(
+        tmp_path, env, monkeypatch):
+    """--pause-after-minutes: each run begins a start only when its expected length (the longest
+    earlier start of the method) fits the time left; no start overruns its window, none is cut, and
+    the windows together make the same starts and decision as one run."""
+    budget = {"max_trials": 8, "max_server_starts": 10, "max_wall_minutes": 1000}
+    whole, timed = tmp_path / "whole", tmp_path / "timed"
+    whole.mkdir(), timed.mkdir()
+    spec, fm = env(whole)
+    make_spec(whole, budget=budget)
+    code, said = _run(whole)
+    assert code == 0, said
+    reference = [canonical(c) for c in fm.calls]
+    want = json.loads((whole / "rec" / "syn.json").read_text())
+
+    spec, fm = env(timed)
+    make_spec(timed, budget=budget)
+    clock, spans = _Clock(), []
+    monkeypatch.setattr(_study, "time", clock)
+    monkeypatch.setattr(_runner, "time", clock)
+
+    def timed_measure(spec, config, *a, **k):
+        began = clock.t
+        clock.t += 150 + 10 * config["num_speculative_tokens"] if config else 200
+        spans.append((began, clock.t))
+        return fm(spec, config, *a, **k)
+    timed_measure.calls = fm.calls
+    monkeypatch.setattr(_study, "measure", timed_measure)
+    rec, windows, reasons = timed / "rec" / "syn.json", 0, []
+    while not rec.exists():
+        opened, before = clock.t, len(fm.calls)
+        code, said = _run(timed, minutes=7)  # 420 s: two or three starts a window
+        assert code == 0, said
+        windows += 1
+        assert len(fm.calls) > before, said  # every window makes progress
+        assert all(end - opened <= 420 for began, end in spans[before:]), spans  # no start overran
+        if not rec.exists():
+            reasons.append(said[-1])
+            clock.t += 3600  # the next window, a night later
+        assert windows <= len(reference), "the windows never finish"
+    assert windows >= 3 and reasons
+    assert all("expected to take" in r and "no recommendation written yet" in r for r in reasons), reasons
+    assert [canonical(c) for c in fm.calls] == reference  # the same starts, in the same order
+    got = json.loads(rec.read_text())
+    assert got["decision"] == want["decision"] and got["speculative_config"] == want["speculative_config"]
+    assert got["study"]["interrupted_starts"] == 0
+
+
+def test_the_expected_start_length_is_the_longest_of_its_method_or_its_own_attempt():
+    from datetime import datetime, timedelta
+    from types import SimpleNamespace as T
+
+    from autotune.search._study import expected_start_s
+
+    def trial(state, method, k, s=None, dt=None):
+        cfg = None if method == "none" else {"method": method, "num_speculative_tokens": k}
+        t0 = datetime(2026, 12, 3)
+        return T(state=T(name=state), user_attrs={"config": cfg, "config_key": f"{method}:{k}", "server_starts": 1,
+                                                  **({"start_s": s} if s is not None else {})},
+                 datetime_start=t0, datetime_complete=t0 + timedelta(seconds=dt) if dt else None)
+    assert expected_start_s([], "ngram:4", "ngram") is None  # nothing ended yet: the first start begins
+    trials = [trial("COMPLETE", "none", 0, 200), trial("COMPLETE", "ngram", 8, 170), trial("COMPLETE", "ngram", 4, 160)]
+    assert expected_start_s(trials, "ngram:6", "ngram")[0] == 170  # the longest of the method
+    s, why = expected_start_s(trials, "draft_model:4", "draft_model")
+    assert s == 300 and "no start of draft_model yet" in why  # no start of it: 1.5 x the longest of any
+    cut = trial("FAIL", "draft_model", 4, dt=330)  # an interrupted attempt, written before start_s: its own times
+    assert expected_start_s([*trials, cut], "draft_model:4", "draft_model")[0] == 330
+    assert expected_start_s([*trials, cut], "draft_model:2", "draft_model")[0] == 300  # not another K's failure
+    assert expected_start_s([*trials, trial("RUNNING", "ngram", 2, dt=900)], "ngram:2", "ngram")[0] == 170

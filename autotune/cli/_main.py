@@ -57,16 +57,19 @@ def study() -> None:
 @click.option("--pause-after-starts", type=click.IntRange(min=1), metavar="N",
               help="make at most N server starts in this run, then stop before confirming or deciding "
                    "(exit 0, nothing written); the next run resumes the study: a GPU window shorter than the study")
+@click.option("--pause-after-minutes", type=click.FloatRange(min=0, min_open=True), metavar="M",
+              help="pause likewise before a server start not expected to end within M minutes of this command "
+                   "(expected: the longest earlier start of its method in the study): a window with a hard end")
 @click.option("--nightly", is_flag=True,
               help="as the daemon does: fresh traffic, warm start from the current recommendation, decide against it")
 @click.option("--if-stale", "if_stale", metavar="AGE",
               help="do nothing (exit 0) if the last successful run finished less than AGE ago (20h, 90m, 1d)")
 @click.option("--wait", "wait_for_gpu", is_flag=True, help="wait for the GPU lock instead of exiting 75")
 def study_start(workload, spec_path, storage, study_name, max_trials, max_server_starts, pause_after_starts,
-                nightly, if_stale, wait_for_gpu) -> None:
+                pause_after_minutes, nightly, if_stale, wait_for_gpu) -> None:
     """Run one study now, in the foreground, and write recommendations/<workload>.json.
 
-    Exit codes: 0 written (or fresh with --if-stale, or paused by --pause-after-starts), 2 bad input, 3 engine or database
+    Exit codes: 0 written (or fresh with --if-stale, or paused by --pause-after-starts/-minutes), 2 bad input, 3 engine or database
     unusable, 4 recommendation not writable, 5 replay does not reproduce production (fidelity
     gate), 75 GPU busy, 130 interrupted (see README)."""
     from autotune.core._schedule import parse_duration
@@ -78,7 +81,8 @@ def study_start(workload, spec_path, storage, study_name, max_trials, max_server
         fail(f"--if-stale: {e}", EXIT_INPUT)
     sys.exit(run(RunRequest(workload=workload, spec_path=spec_path, storage=storage, study_name=study_name,
                             max_trials=max_trials, max_server_starts=max_server_starts,
-                            pause_after_starts=pause_after_starts, nightly=nightly,
+                            pause_after_starts=pause_after_starts, pause_after_minutes=pause_after_minutes,
+                            nightly=nightly,
                             if_stale_s=stale_s, wait_for_gpu=wait_for_gpu,
                             kind="cron" if (nightly or if_stale) else "manual"),
                  on_event=print_event))

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,6 +70,9 @@ class RunRequest:
     pause_after_starts: int | None = None
     """Stop after this many server starts in this run, before confirming or deciding (exit 0,
     nothing written, the run recorded as paused); the next run resumes the study."""
+    pause_after_minutes: float | None = None
+    """Pause, as above, before a server start that is not expected to end within this many
+    minutes of the request (waiting for the GPU lock included): a window with a hard end."""
     nightly: bool = False
     """Fresh traffic (when the workload has a traffic pool), warm start from the current
     recommendation, and decide against it (the incumbent is what is recommended now)."""
@@ -118,6 +122,7 @@ def last_success(store, spec, settings: Settings) -> str | None:
 def run(req: RunRequest, settings: Settings | None = None, echo: Echo | None = None,
         on_event=None, stop: StopState | None = None) -> int:
     """Run it; returns the exit code (see the module doc). Never raises for expected failures."""
+    began = time.monotonic()
     settings = settings or get_settings()
     echo = echo or _default_echo
 
@@ -159,7 +164,7 @@ def run(req: RunRequest, settings: Settings | None = None, echo: Echo | None = N
                 return fail(f"GPU {settings.gpu} is busy: {_holder(e.holder)}; one study per GPU "
                             f"(lock {e.path}); rerun later or pass --wait", EXIT_BUSY)
             try:
-                return _locked(req, spec, settings, echo, on_event, lock_dir, stop)
+                return _locked(req, spec, settings, echo, on_event, lock_dir, stop, began)
             finally:
                 lock.release()
         except KeyboardInterrupt as e:  # before or after the study (the study handles its own)
@@ -172,7 +177,8 @@ def _holder(h: dict) -> str:
 
 
 def _locked(req: RunRequest, spec, settings: Settings, echo: Echo, on_event, lock_dir: Path,
-            stop: StopState) -> int:
+            stop: StopState, began: float) -> int:
+    """The run under the GPU lock; ``began``: when the request began (``pause_after_minutes`` counts from it)."""
     def fail(msg: str, code: int) -> int:
         echo(f"error: {msg}", err=True)
         return code
@@ -233,7 +239,8 @@ def _locked(req: RunRequest, spec, settings: Settings, echo: Echo, on_event, loc
             st = Study(spec, caps, space, url, command, home, study_name=req.study_name, on_event=on_event,
                        store=store, pid_dir=pid_dir, warm_start=warm, leader=not req.worker, run_id=run_id,
                        sampler_seed=_worker_seed(spec.seed) if req.worker else None, hardware=settings.hardware,
-                       fidelity_check=_gate.check_study, pause_after_starts=req.pause_after_starts)
+                       fidelity_check=_gate.check_study, pause_after_starts=req.pause_after_starts,
+                       pause_after_minutes=req.pause_after_minutes, window_began=began)
         except (ReplaySetError, ValueError) as e:
             store.finish_run(run_id, "failed", EXIT_INPUT, error=str(e))
             return fail(str(e), EXIT_INPUT)

@@ -84,7 +84,8 @@ class StudyOutcome:
     wall_s: float = 0.0
     stopped_because: str = ""
     paused: bool = False
-    """The run stopped at its ``pause_after_starts``: nothing confirmed or decided yet."""
+    """The run stopped at its ``pause_after_starts`` or ``pause_after_minutes``: nothing confirmed
+    or decided yet."""
 
 
 def fingerprint(spec: StudySpec, replay_digest: str, caps: Capabilities, hardware: str | None = None) -> str:
@@ -171,7 +172,7 @@ class Study:
                  warm_start: list[dict] | None = None, leader: bool = True, run_id: str | None = None,
                  poll_s: float = 2.0, hardware: str | None = None,
                  fidelity_check: Callable[["Study"], object] | None = None,
-                 pause_after_starts: int | None = None):
+                 pause_after_starts: int | None = None, pause_after_minutes: float | None = None, window_began: float | None = None):
         import optuna
 
         self.spec, self.caps, self.space = spec, caps, space
@@ -241,8 +242,15 @@ class Study:
         """At most this many server starts in this run, then stop without confirming or deciding:
         a GPU window shorter than the study (the next run resumes the same study). A start is
         begun only when the run may still make it, so none is cut short and lost to the budget."""
+        self.pause_after_minutes = pause_after_minutes
+        """This run ends within this many minutes: a start is begun only when it is expected to
+        end in time (``expected_start_s``), else the run pauses before it; a window with a hard
+        end (the scheduler's, a GPU lease) then loses no start to the clock."""
+        self._window_began = self.t0 if window_began is None else window_began
+        """When the window began (``time.monotonic``): the runner's command, before the GPU lock and probe."""
         self._starts_at_open = self.server_starts()
         self.paused = False
+        self._paused_for = ""
 
     # ---- bookkeeping over stored trials -------------------------------------------------
     def trials(self, role: str | None = None, config_key: str | None = None, complete=True):
@@ -402,6 +410,11 @@ class Study:
             raise optuna.TrialPruned(f"already measured: {key}")
         if role == ROLE_SEARCH and key == NONE and self.trials(config_key=NONE):
             raise optuna.TrialPruned("baseline already measured")
+        if not self._fits(key, (config or {}).get("method", NONE)):
+            self.paused = True
+            trial.set_user_attr("paused", self._paused_for)
+            trial.study.stop()
+            raise optuna.TrialPruned(self._paused_for)
         self._claim(trial, claim_key, role)
         reqs = self.confirm_reqs if role == ROLE_CONFIRM else self.search_reqs
         log_path = self.home / "logs" / self.name / f"trial-{trial.number:04d}.log"
@@ -411,6 +424,7 @@ class Study:
         trial.set_user_attr("server_starts", 1)
         if self.run_id:
             trial.set_user_attr("run_id", self.run_id)
+        began = time.monotonic()
         try:
             m = measure(self.spec, config, reqs, self.warmup, log_path, self.command,
                         on_server=self._track_server, pid_dir=self.pid_dir,
@@ -419,12 +433,15 @@ class Study:
                         **({"reserve": self.reserve_reqs} if self.reserve_reqs else {}))
         except TrialFailed as e:
             trial.set_user_attr("error", e.reason)
+            trial.set_user_attr("start_s", time.monotonic() - began)
             raise
         except KeyboardInterrupt as e:
+            trial.set_user_attr("start_s", time.monotonic() - began)
             # measure() has stopped the server on its way out; say why the trial failed
             for k, v in interrupted_attrs(signame_of(e)).items():
                 trial.set_user_attr(k, v)
             raise
+        trial.set_user_attr("start_s", time.monotonic() - began)
         return self._record(trial, m, role)
 
     def _track_server(self, server) -> None:
@@ -494,10 +511,25 @@ class Study:
         return None
 
     def _pause_due(self) -> bool:
-        """This run has made its ``pause_after_starts``; ``paused`` is set only where a start is
-        then refused, so the run that makes the study's last start still decides."""
-        return self.pause_after_starts is not None and \
+        """This run has made its ``pause_after_starts`` (or a start did not fit its
+        ``pause_after_minutes``); ``paused`` is set only where a start is then refused, so the run
+        that makes the study's last start still decides."""
+        return bool(self._paused_for) or self.pause_after_starts is not None and \
             self.server_starts() - self._starts_at_open >= self.pause_after_starts
+
+    def _fits(self, config_key: str, method: str) -> bool:
+        """With ``pause_after_minutes``: is the start of ``config_key`` expected to end before the
+        run's time is up? If not, the run pauses before it (``_paused_for`` says why)."""
+        if self.pause_after_minutes is None:
+            return True
+        expected = expected_start_s(self.study.get_trials(deepcopy=False), config_key, method)
+        left = self.pause_after_minutes * 60 - (time.monotonic() - self._window_began)
+        if expected is None or expected[0] <= left:
+            return True
+        self._paused_for = (f"paused before {config_key}: its start is expected to take {expected[0]:.0f} s "
+                            f"({expected[1]}), {max(left, 0):.0f} s of this run's {self.pause_after_minutes:g} min "
+                            "are left; the next run resumes the study")
+        return False
 
     def _blocked(self, reserve: int) -> str | None:
         """``_budget_left`` at a point where a start would follow, or the pause that refuses it."""
@@ -508,6 +540,8 @@ class Study:
         return reason
 
     def _pause_reason(self) -> str:
+        if self._paused_for:
+            return self._paused_for
         return (f"paused after {self.server_starts() - self._starts_at_open} server starts in this run "
                 f"(pause_after_starts {self.pause_after_starts}); the next run resumes the study")
 
@@ -534,8 +568,8 @@ class Study:
         import optuna
 
         self._record_trial(frozen)
-        if frozen.user_attrs.get("stop"):
-            return  # the sampler's stop: nothing was measured, study.stop() was called
+        if frozen.user_attrs.get("stop") or frozen.user_attrs.get("paused"):
+            return  # the sampler's stop or the run's clock: nothing was measured, study.stop() was called
         best = self.best()
         self.on_event(TrialEvent(
             number=frozen.number, role=frozen.user_attrs.get("role", ROLE_SEARCH),
@@ -599,6 +633,8 @@ class Study:
                 break
             else:
                 self._run_enqueued({"method": NONE}, ROLE_BASELINE)
+        if self.paused:
+            return self._outcome()
         if not self.trials(config_key=NONE):
             raise TrialFailed("the no-speculation baseline failed; nothing can be compared "
                               f"(see {self.home / 'logs' / self.name})")
@@ -637,6 +673,9 @@ class Study:
             if self.leader:
                 self._wait_while_running()  # other workers' last trials belong in the decision
                 self.confirm()
+        return self._outcome()
+
+    def _outcome(self) -> StudyOutcome:
         return StudyOutcome(study_name=self.name, storage=self.storage_url,
                             trials=self.study.get_trials(deepcopy=False), server_starts=self.server_starts(),
                             interrupted_starts=self.interrupted_starts(),
@@ -754,3 +793,40 @@ def stopped_by_signal(t) -> bool:
 
 def _claim_key_of(t) -> str | None:
     return t.user_attrs.get("claim_key") or t.user_attrs.get("config_key")
+
+
+UNSEEN_METHOD_FACTOR = 1.5
+"""``expected_start_s`` of a method not started yet: this many times the study's longest start."""
+
+
+def start_seconds_of(t) -> float | None:
+    """How long the trial's server start took, from start to stop: ``start_s``, or for trials
+    written before it (and those a signal handler failed), Optuna's start and end times."""
+    if t.user_attrs.get("start_s") is not None:
+        return float(t.user_attrs["start_s"])
+    if t.datetime_start and t.datetime_complete:
+        return (t.datetime_complete - t.datetime_start).total_seconds()
+    return None
+
+
+def expected_start_s(trials, config_key: str, method: str) -> tuple[float, str] | None:
+    """The seconds a start of ``config_key`` is expected to take, and the basis: the longest
+    earlier start of the same method in this study, or of this configuration itself (an
+    interrupted attempt's length is a lower bound of its own); with neither, half as much again as
+    the longest start of any method (a method's first start loads what the others did not: on the
+    H200 a draft model's start took 1.4-1.9 times an ngram start). The longest, not a mean: the
+    window it protects has a hard end. None before any start has ended."""
+    def method_of(t) -> str:
+        return (t.user_attrs.get("config") or {}).get("method") or NONE
+
+    ended = [(t, s) for t in trials if t.state.name in ("COMPLETE", "FAIL") and t.user_attrs.get("server_starts")
+             and (s := start_seconds_of(t)) is not None]
+    own = [s for t, s in ended if t.user_attrs.get("config_key") == config_key or
+           (method_of(t) == method and t.state.name == "COMPLETE")]
+    if own:
+        return max(own), f"the longest of this study's {len(own)} start{'s' * (len(own) > 1)} of {method}"
+    done = [s for t, s in ended if t.state.name == "COMPLETE"]
+    if done:
+        return UNSEEN_METHOD_FACTOR * max(done), (f"no start of {method} yet: {UNSEEN_METHOD_FACTOR:g} x the longest "
+                                                  f"of this study's {len(done)} starts")
+    return None

@@ -11,12 +11,13 @@
 # (a command killed at its time limit still returns its rows):
 #   setup                       autotune deps, model folders, replay set, vLLM version, probe
 #   study:WORKLOAD:SECONDS[:STARTS]
-#                               `autotune study start` on benchmarks/gpu/WORKLOAD.yaml, SIGINT after
-#                               SECONDS (the study resumes on the next call), then trials exported;
+#                               `autotune study start` on benchmarks/gpu/WORKLOAD.yaml with
+#                               `--pause-after-minutes` (SECONDS - 20 s: it begins only the starts
+#                               its earlier starts say will end in time, then pauses; the next call
+#                               resumes), SIGINT after SECONDS as the backstop, then trials exported;
 #                               STARTS: `--pause-after-starts` for this call (at most STARTS server
-#                               starts, then the study pauses before confirming or deciding; begin a
-#                               step only when its starts fit its SECONDS: an interrupted start
-#                               costs its GPU time, and the next step redoes it first)
+#                               starts; a method's first start is estimated at 1.5 x the study's
+#                               longest, so the first step of a study is best sized by hand)
 #   points:WORKLOAD:LABEL:JSON  measure the speculative configs of JSON (a list) once each
 #   grid:WORKLOAD:SECONDS:ITEMS[:STARTS]
 #                               measure grid points not measured yet (ITEMS: none,ngram=1/2/4,...)
@@ -78,8 +79,9 @@ for step in "$@"; do
       python3 -c "import optuna, sqlalchemy, vllm; print('optuna', optuna.__version__, 'vllm', vllm.__version__)" >> $R/results/setup.txt 2>&1
       cat $R/results/setup.txt; tail -5 $R/results/probe.txt ;;
     study)
+      # the study pauses itself before a start not expected to end 20 s before the limit; SIGINT is the backstop
       timeout -s INT "$b" python3 -m autotune -v study start --workload "$a" --spec benchmarks/gpu/"$a".yaml \
-        ${c:+--pause-after-starts "$c"} \
+        --pause-after-minutes "$(awk "BEGIN{print ($b - 20) / 60}")" ${c:+--pause-after-starts "$c"} \
         > >(tee -a $R/results/study-"$a".out) 2>&1
       log "study $a exit $?"
       export_trials; tail -20 $R/results/trials.txt ;;
