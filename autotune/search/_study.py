@@ -172,7 +172,8 @@ class Study:
                  warm_start: list[dict] | None = None, leader: bool = True, run_id: str | None = None,
                  poll_s: float = 2.0, hardware: str | None = None,
                  fidelity_check: Callable[["Study"], object] | None = None,
-                 pause_after_starts: int | None = None, pause_after_minutes: float | None = None, window_began: float | None = None):
+                 pause_after_starts: int | None = None, pause_after_minutes: float | None = None,
+                 window_began: float | None = None):
         import optuna
 
         self.spec, self.caps, self.space = spec, caps, space
@@ -246,8 +247,10 @@ class Study:
         """This run ends within this many minutes: a start is begun only when it is expected to
         end in time (``expected_start_s``), else the run pauses before it; a window with a hard
         end (the scheduler's, a GPU lease) then loses no start to the clock."""
-        self._window_began = self.t0 if window_began is None else window_began
-        """When the window began (``time.monotonic``): the runner's command, before the GPU lock and probe."""
+        self._window_ends = None if pause_after_minutes is None else \
+            (self.t0 if window_began is None else window_began) + pause_after_minutes * 60
+        """``time.monotonic`` at the window's end, counted from ``window_began``: the runner's command,
+        before the GPU lock and probe."""
         self._starts_at_open = self.server_starts()
         self.paused = False
         self._paused_for = ""
@@ -433,15 +436,14 @@ class Study:
                         **({"reserve": self.reserve_reqs} if self.reserve_reqs else {}))
         except TrialFailed as e:
             trial.set_user_attr("error", e.reason)
-            trial.set_user_attr("start_s", time.monotonic() - began)
             raise
         except KeyboardInterrupt as e:
-            trial.set_user_attr("start_s", time.monotonic() - began)
             # measure() has stopped the server on its way out; say why the trial failed
             for k, v in interrupted_attrs(signame_of(e)).items():
                 trial.set_user_attr(k, v)
             raise
-        trial.set_user_attr("start_s", time.monotonic() - began)
+        finally:  # every start's length, measured or not (``expected_start_s``)
+            trial.set_user_attr("start_s", time.monotonic() - began)
         return self._record(trial, m, role)
 
     def _track_server(self, server) -> None:
@@ -520,10 +522,10 @@ class Study:
     def _fits(self, config_key: str, method: str) -> bool:
         """With ``pause_after_minutes``: is the start of ``config_key`` expected to end before the
         run's time is up? If not, the run pauses before it (``_paused_for`` says why)."""
-        if self.pause_after_minutes is None:
+        if self._window_ends is None:
             return True
         expected = expected_start_s(self.study.get_trials(deepcopy=False), config_key, method)
-        left = self.pause_after_minutes * 60 - (time.monotonic() - self._window_began)
+        left = self._window_ends - time.monotonic()
         if expected is None or expected[0] <= left:
             return True
         self._paused_for = (f"paused before {config_key}: its start is expected to take {expected[0]:.0f} s "
