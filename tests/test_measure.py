@@ -3,6 +3,7 @@ import math
 import numpy as np
 import pytest
 
+from autotune.core import _measure
 from autotune.core._measure import (
     STATISTICS,
     RatioCI,
@@ -270,3 +271,24 @@ def test_weighted_ratio_ci_is_tight_where_the_mixture_median_is_not():
     assert one.ratio == pytest.approx(plain.ratio) and one.low == pytest.approx(plain.low, rel=0.02)
     with pytest.raises(ValueError, match="share no level"):
         bootstrap_weighted_ratio_ci({"1": base["1"]}, {"8": cand["8"]}, w)
+
+
+def test_start_ratio_ci_with_each_sides_own_noise_is_welchs():
+    """Sides that vary alike: the pooled interval as before. A quiet baseline against a noisy
+    speculative config: the standard error adds each side's variance of its mean, and the degrees
+    of freedom are Welch-Satterthwaite's, between the smaller side's and the sum."""
+    quiet, noisy = _measure.StartNoise(4 * 0.005 ** 2, 4), _measure.StartNoise(8 * 0.08 ** 2, 8)
+    a, b = [math.log(30.0), math.log(30.2)], [math.log(24.0)]
+    same = _measure.start_ratio_ci(a, b, noisy, 0.95)
+    assert _measure.start_ratio_ci(a, b, noisy, 0.95, noise_b=noisy) == same
+    mixed = _measure.start_ratio_ci(a, b, quiet, 0.95, noise_b=noisy)
+    only_quiet = _measure.start_ratio_ci(a, b, quiet, 0.95)
+    assert only_quiet.low > 1.2 and mixed.low < 1.1  # the noisy side's variance widens what the quiet one set
+    assert mixed.ratio == pytest.approx(same.ratio)
+    se = math.sqrt(0.005 ** 2 / 2 + 0.08 ** 2 / 1)
+    assert mixed.sd * math.sqrt(1 / 2 + 1) == pytest.approx(se)
+    assert 4 <= mixed.df <= 12 and mixed.df == 8  # the noisy side dominates: about its own df
+    assert _measure.welch_df(1.0, 5, 1.0, 5) == pytest.approx(10.0)
+    assert _measure.welch_df(1.0, 5, 1e-9, 50) == pytest.approx(5.0, rel=1e-6)
+    # a side without degrees of freedom: nothing concluded
+    assert math.isinf(_measure.start_ratio_ci(a, b, quiet, 0.95, noise_b=_measure.StartNoise(0.0, 0)).high)

@@ -279,3 +279,10 @@ def test_the_predictor_carries_the_known_start_to_start_noise(tmp_path, monkeypa
     assert all(widths[0.2][k] > 2 * widths[0.01][k] for k in widths[0.01])
     study.set_noise_prior(0.07, 60)  # what the runner passes: A/A prior pooled with earlier nights
     assert study.sampler.noise_prior == (0.07, 60)
+    # the candidates are speculative: where the spec records their own figure, that is the prior
+    d = tmp_path / "classed"
+    d.mkdir()
+    spec = make_spec(d, budget={"max_trials": 3, "max_server_starts": 5, "max_wall_minutes": 10},
+                     objective={"start_noise": {"cv": 0.005, "df": 6, "speculative": {"cv": 0.06, "df": 9}}})
+    study, _, _ = run_study(d, monkeypatch, w, spec)
+    assert study.sampler.noise_prior == (0.06, 9)

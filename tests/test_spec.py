@@ -259,3 +259,16 @@ def test_find_spec_error_lists_known_workloads(tmp_path):
         find_spec("beta", tmp_path)
     with pytest.raises(SpecError, match=r"known: none\)"):
         find_spec("beta", tmp_path / "missing-dir")
+
+
+def test_start_noise_may_give_the_speculative_configs_their_own_figure(tmp_path):
+    text = VALID + "objective:\n  start_noise:\n    cv: 0.02\n    df: 2\n    speculative: {cv: 0.07, df: 4}\n"
+    sn = load_spec(_write(tmp_path, text)).objective.start_noise
+    assert (sn.for_class("none").cv, sn.for_class("speculative").cv, sn.for_class("speculative").df) == (0.02, 0.07, 4)
+    plain = load_spec(_write(tmp_path, VALID + "objective:\n  start_noise: {cv: 0.05, df: 20}\n")).objective.start_noise
+    assert plain.for_class("speculative") == plain.for_class("none") == plain  # one figure for every config
+    with pytest.raises(ValueError, match="not one of none, speculative"):
+        plain.for_class("draft_model")
+    bad = VALID + "objective:\n  start_noise:\n    cv: 0.02\n    df: 2\n    speculative: {cv: 1.5, df: 4}\n"
+    msg = _spec_error(_write(tmp_path, bad))
+    assert f"spec.yaml:{_line(bad, 'speculative')}: field 'objective.start_noise.speculative.cv'" in msg

@@ -38,3 +38,35 @@ def test_no_repeated_start_is_an_error_not_a_zero(tmp_path, capsys):
     empty = _rows(tmp_path / "empty.jsonl", {}, failed=2)
     assert bench.main([str(empty)]) == 2
     assert "no successful rows" in capsys.readouterr().err
+
+
+def test_by_class_gives_the_baseline_and_the_speculative_configs_a_figure_each(tmp_path, capsys):
+    """Profile starts (the H200 rows: per-level TPOTs and weights) count as the decision counts
+    them, the traffic-weighted per-level statistic; a quiet baseline and noisy speculative configs
+    get their own figures, the spec block objective.start_noise takes; labelled experiments and
+    other workloads' configs of the same key are kept apart."""
+    bench = benchmark("start_noise.py", "bench_start_noise")
+
+    def start(key, wl, c1, c32, **kw):
+        return {"config_key": key, "workload": wl, "state": "COMPLETE", **kw,
+                "levels": {"1": {"tpot_ms": [c1] * 3, "weight": 0.5}, "32": {"tpot_ms": [c32] * 3, "weight": 0.5}}}
+
+    e = math.exp
+    rows = [start("none", "*", 5.0, 7.0), start("none", "*", 5.0, 7.0 * e(0.02)),  # weighted: 6.0 and 6.0707
+            start("k8", "code", 2.0, 6.0), start("k8", "code", 2.0 * e(0.1), 6.0 * e(0.1)),  # a 0.1 log step
+            start("k8", "chat", 3.0, 9.0),  # another workload's k8: a config of its own, once
+            start("k8", "code", 9.0, 9.0, label="patched")]  # an experiment: not a grid start
+    p = tmp_path / "r.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert bench.main(["--by-class", str(p)]) == 0
+    out = capsys.readouterr().out
+    none_sd = abs(math.log(6.0 + 3.5 * (e(0.02) - 1)) - math.log(6.0)) / math.sqrt(2)
+    assert f"none: sd {none_sd:.3f} on 1 df" in out
+    assert f"speculative: sd {0.1 / math.sqrt(2):.3f} on 1 df" in out
+    assert (f"by class -> objective.start_noise: {{cv: {e(none_sd) - 1:.3f}, df: 1, "
+            f"speculative: {{cv: {e(0.1 / math.sqrt(2)) - 1:.3f}, df: 1}}}}") in out
+    # without a speculative repeat there is no figure per class
+    q = tmp_path / "q.jsonl"
+    q.write_text("".join(json.dumps(r) + "\n" for r in rows[:3]))
+    assert bench.main(["--by-class", str(q)]) == 1
+    assert "a class has no repeated start" in capsys.readouterr().err

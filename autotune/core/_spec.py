@@ -223,11 +223,31 @@ class BudgetSpec(_Model):
     max_wall_minutes: float = Field(default=60.0, gt=0)
 
 
-class StartNoiseSpec(_Model):
-    """A recorded A/A figure: the start-to-start CV of the per-start statistic on this hardware
-    (e.g. from ``benchmarks/decisions.py``), worth ``df`` degrees of freedom in the decision."""
+class StartNoisePrior(_Model):
+    """A recorded start-to-start CV of the per-start statistic, worth ``df`` degrees of freedom."""
     cv: float = Field(gt=0, lt=1, description="start-to-start coefficient of variation of per-start TPOT")
     df: int = Field(ge=1, le=200, description="degrees of freedom it is worth (starts measured minus configs)")
+
+
+NOISE_CLASSES = ("none", "speculative")
+"""Configurations whose starts vary alike: no speculation, and every speculative config (on the
+H200 the baseline repeats within 0.5% where n-gram configs move up to 8%, docs/benchmarks.md)."""
+
+
+class StartNoiseSpec(StartNoisePrior):
+    """A recorded A/A figure: the start-to-start CV of the per-start statistic on this hardware
+    (e.g. from ``benchmarks/start_noise.py``), worth ``df`` degrees of freedom in the decision;
+    for every configuration, or for no speculation alone when ``speculative`` gives the
+    speculative configurations' own figure."""
+    speculative: StartNoisePrior | None = Field(
+        default=None, description="the speculative configurations' own start-to-start CV and df, where they "
+                                  "vary more than the baseline (benchmarks/start_noise.py --by-class)")
+
+    def for_class(self, cls: str) -> StartNoisePrior:
+        """The prior of one class of ``NOISE_CLASSES``."""
+        if cls not in NOISE_CLASSES:
+            raise ValueError(f"noise class {cls!r} is not one of {', '.join(NOISE_CLASSES)}")
+        return self.speculative if cls == "speculative" and self.speculative is not None else self
 
 
 class ObjectiveSpec(_Model):

@@ -7,7 +7,9 @@ stated confidence, on confirmation starts that did not select it, and passes eve
 with the reason (``evidence.keep_reason``). The interval is a Student t interval on the log of
 each start's statistic, the start-to-start variance pooled over every config measured twice or
 more in this study, over earlier nights of the same workload and, when the spec states one, over
-a recorded A/A prior (``objective.start_noise``); confirmation may go on in interleaved rounds
+a recorded A/A prior (``objective.start_noise``), separately for no speculation and for the
+speculative configs (``NOISE_CLASSES``: they vary differently), with Welch's interval where a
+comparison mixes the two; confirmation may go on in interleaved rounds
 with the confidence split over the planned looks. The method, its assumptions and its measured
 error rates: docs/decisions.md. The file is written to a temp file and renamed, so a crash or a
 full disk leaves the previous recommendation intact.
@@ -23,6 +25,7 @@ from pathlib import Path
 
 from autotune.core import _measure
 from autotune.core._files import SHARED, write_json
+from autotune.core._spec import NOISE_CLASSES
 from autotune.core._store import safe_url
 from autotune.engines import _registry
 from autotune.engines._serverlog import added
@@ -181,25 +184,46 @@ def _matches(rec: dict, study) -> bool:
             and vf.get("hardware") == getattr(study, "hardware", vf.get("hardware")))
 
 
-def prior_noise(study, history: list[dict] | None) -> _measure.StartNoise:
-    """Start-to-start variance known before tonight: the spec's recorded A/A prior
-    (``objective.start_noise``: a CV on ``df`` degrees of freedom) and the own-study variance of
-    up to ``HISTORY_NIGHTS`` earlier recommendations of the same model, vLLM, concurrency,
-    hardware and statistic (each night measures the baseline two or more times: free A/A data)."""
-    noise = _measure.StartNoise(0.0, 0)
+def noise_class(key: str | None) -> str:
+    """The class of ``NOISE_CLASSES`` whose start-to-start variance a config's starts share."""
+    return "none" if key in (None, NONE) else "speculative"
+
+
+def prior_noise(study, history: list[dict] | None) -> dict[str, _measure.StartNoise]:
+    """Start-to-start variance known before tonight, per class of ``NOISE_CLASSES`` and for
+    ``"all"`` configurations pooled (each figure counted once): the spec's
+    recorded A/A prior (``objective.start_noise``: a CV on ``df`` degrees of freedom, with the
+    speculative configs' own figure where it gives one) and the own-study variance of up to
+    ``HISTORY_NIGHTS`` earlier recommendations of the same model, vLLM, concurrency, hardware and
+    statistic (each night measures the baseline two or more times: free A/A data; a night written
+    before the classes counts its pooled figure for both)."""
+    noise = {cls: _measure.StartNoise(0.0, 0) for cls in (*NOISE_CLASSES, "all")}
+
+    def add(classes, ss, df, part):
+        for cls in classes:
+            noise[cls] += _measure.StartNoise(ss, df, (part,))
+
     sn = study.spec.objective.start_noise
     if sn is not None:
-        noise += _measure.StartNoise(sn.df * math.log1p(sn.cv) ** 2, sn.df,
-                                     ({"source": "objective.start_noise", "cv": sn.cv, "df": sn.df},))
+        sp = sn.speculative
+        for p, classes, tag in ((sn, ("none", "all") if sp else (*NOISE_CLASSES, "all"), {}),
+                                (sp, ("speculative", "all"), {"class": "speculative"})):
+            if p is not None:
+                add(classes, p.df * math.log1p(p.cv) ** 2, p.df,
+                    {"source": "objective.start_noise", "cv": p.cv, "df": p.df, **tag})
     seen = {getattr(study, "name", None)}  # a rerun of tonight's study: its starts are already tonight's
     for rec in (history or [])[:HISTORY_NIGHTS]:
-        own = ((rec.get("evidence") or {}).get("noise") or {}).get("study") or {}
+        n = (rec.get("evidence") or {}).get("noise") or {}
         sid = (rec.get("study") or {}).get("name")
-        if not own.get("df") or not _matches(rec, study) or sid in seen:
+        if not (n.get("study") or {}).get("df") or not _matches(rec, study) or sid in seen:
             continue  # a resumed study writes one recommendation per run: count its starts once
         seen.add(sid)
-        noise += _measure.StartNoise(float(own["ss"]), int(own["df"]),
-                                     ({"source": "history", "id": rec.get("id"), "study": sid, "df": int(own["df"])},))
+        by_class = n.get("by_class") or {}
+        for cls in (*NOISE_CLASSES, "all"):
+            own = (by_class.get(cls) or {}).get("study") if by_class and cls != "all" else n["study"]
+            if own and own.get("df"):
+                add((cls,), float(own["ss"]), int(own["df"]),
+                    {"source": "history", "id": rec.get("id"), "study": sid, "df": int(own["df"])})
     return noise
 
 
@@ -250,21 +274,46 @@ def _comparisons(study, history, best) -> dict:
         samples[key] = start_log_values(used, stat)
     own = _measure.pooled_start_noise(samples)
     prior = prior_noise(study, history)
+    all_prior = prior["all"]
+    # each class's own repeats and prior; a class with neither borrows every class's, pooled
+    # (nothing else is known about it), and says so
+    by_class, borrowed = {}, []
+    for cls in NOISE_CLASSES:
+        own_c = _measure.pooled_start_noise({k: v for k, v in samples.items() if noise_class(k) == cls})
+        by_class[cls] = {"own": own_c, "prior": prior[cls], "noise": own_c + prior[cls]}
+    pooled = own + all_prior
+    for cls, d in by_class.items():
+        if d["noise"].df <= 0:
+            d["noise"], d["borrowed"] = pooled, True
+            borrowed.append(cls)
     looks = planned_looks(spec)
     conf = 1.0 - (1.0 - spec.guards.confidence) / looks
     b = confirmed(NONE)
     i = confirmed(inc_key) if inc else []
     w = confirmed(win_key) if win_key else []
-    return {"own": own, "prior": prior, "noise": own + prior, "looks": looks, "confidence": conf,
-            "B": b, "I": i, "W": w, "stat": stat,
+    return {"own": own, "prior": all_prior, "noise": pooled, "by_class": by_class, "looks": looks,
+            "confidence": conf, "B": b, "I": i, "W": w, "stat": stat,
+            "classes": {"B": "none", "I": noise_class(inc_key), "W": noise_class(win_key)},
             "logs": {k: start_log_values(v, stat) for k, v in (("B", b), ("I", i), ("W", w))}}
 
 
 def _ci(c: dict, ref: str, cand: str):
+    """``ref`` over ``cand`` (speedup of ``cand``), each side with its class's start-to-start noise."""
     a, b = c["logs"][ref], c["logs"][cand]
     if not a or not b:
         return None
-    return _measure.start_ratio_ci(a, b, c["noise"], c["confidence"])
+    na, nb = (c["by_class"][c["classes"][x]]["noise"] for x in (ref, cand))
+    return _measure.start_ratio_ci(a, b, na, c["confidence"], noise_b=nb)
+
+
+def _noise_evidence(c: dict) -> dict:
+    """``evidence.noise``: every class pooled (what older readers and the F test read), and
+    ``by_class``: each class's own and prior figures, the ones the intervals use."""
+    by_class = {cls: {**d["noise"].to_dict(), "study": {"ss": d["own"].ss, "df": d["own"].df},
+                      "prior_df": d["prior"].df, "borrowed": bool(d.get("borrowed"))}
+                for cls, d in c["by_class"].items()}
+    return {**c["noise"].to_dict(), "study": {"ss": c["own"].ss, "df": c["own"].df},
+            "prior_df": c["prior"].df, **_prior_check(c["own"], c["prior"]), "by_class": by_class}
 
 
 def _fmt_ci(ci) -> str:
@@ -297,12 +346,12 @@ def _decide(study, history: list[dict] | None = None) -> Decision:
     evidence: dict = {
         "statistic": statistic,
         "method": "t interval on log per-start " + statistic + " TPOT, confirmation starts only; "
-                  "start-to-start variance pooled over configs, nights and the spec's prior",
+                  "start-to-start variance of each side's class (no speculation, speculative) pooled over "
+                  "its configs, nights and the spec's prior; Welch's interval where the classes differ",
         "comparison": None, "baseline": _side(baseline, statistic, c["B"]),
         "min_gain": gain, "confidence": c["confidence"], "stated_confidence": spec.guards.confidence,
         "looks": c["looks"],
-        "noise": {**c["noise"].to_dict(), "study": {"ss": c["own"].ss, "df": c["own"].df},
-                  "prior_df": c["prior"].df, **_prior_check(c["own"], c["prior"])},
+        "noise": _noise_evidence(c),
         "starts": {"baseline": len(c["B"]), "incumbent": len(c["I"]) if deployed else None,
                    "winner": len(c["W"]) if best is not None else None},
         "confirmation": {"fresh_requests": conf_info.get("fresh_requests"), "rounds": conf_info.get("rounds"),
@@ -443,6 +492,11 @@ def comparison_lines(ev: dict) -> list[str]:
         sd = n.get("sd_log")
         out.append(f"start-to-start noise: {'-' if sd is None else f'{sd:.1%}'} on {n['df']} df "
                    f"({(n.get('study') or {}).get('df', 0)} from this study, {n.get('prior_df', 0)} prior)")
+        by = n.get("by_class") or {}
+        if by and not any(d.get("borrowed") for d in by.values()) and by["none"].get("sd_log") != by["speculative"].get("sd_log"):
+            out.append("the intervals use each side's own: " + ", ".join(
+                f"{name} {d['sd_log']:.1%} on {d['df']} df" for name, d in
+                (("no speculation", by["none"]), ("speculative configs", by["speculative"]))))
         pc = n.get("prior_check") or {}
         if pc.get("conflict"):
             out.append(f"noise prior understated: this study's own starts vary {pc['own_sd_log']:.1%} on "

@@ -252,7 +252,7 @@ def _locked(req: RunRequest, spec, settings: Settings, echo: Echo, on_event, loc
         for note in st.notes:
             echo(f"  {note}")
         nights = _history.history(spec.workload, rec_dir, store)  # earlier nights' start-to-start variance
-        prior = _recommend.prior_noise(st, nights)  # the predictor's intervals carry it too
+        prior = _recommend.prior_noise(st, nights)["speculative"]  # the predictor's intervals carry it too
         st.set_noise_prior(prior.sd, prior.df)
         st.confirm_open = lambda: _recommend.open_question(st, nights)
         try:

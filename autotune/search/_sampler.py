@@ -74,9 +74,11 @@ class CandidateSampler(BaseSampler):
         self.fallen_back = False
         self.stopped_because = ""
         sn = spec.objective.start_noise
-        self.noise_prior: tuple[float, int] | None = (sn.cv, sn.df) if sn is not None else None
+        sp = sn.for_class("speculative") if sn is not None else None
+        self.noise_prior: tuple[float, int] | None = (sp.cv, sp.df) if sp is not None else None
         """(relative start-to-start sd, degrees of freedom) known before the study: the spec's
-        recorded A/A figure, or with ``set_noise_prior`` that pooled with earlier nights."""
+        recorded A/A figure for speculative configs (the candidates), or with ``set_noise_prior``
+        that pooled with earlier nights."""
         self._proposals: dict[int, Proposal] = {}
         self._tried: set[str] = set()
 

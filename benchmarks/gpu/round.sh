@@ -25,7 +25,8 @@
 #                               with STARTS (default 1), until each point has that many measured
 #                               starts there, every point's first start before any second one;
 #                               PROTOCOL=window-filled in the environment: count only rows measured
-#                               with filled steady windows (round 5 on)
+#                               with filled steady windows (round 5 on); ROUND_ONLY=1: count only this
+#                               round's rows (repeats on one machine: its own start-to-start noise)
 #   models                      the other methods' inputs: arctic-inference from .whl/*.whl (suffix
 #                               decoding) into vLLM's /tmp/site, the EAGLE-3 head and the MiMo-7B-shaped
 #                               MTP target (make_method_models.py); forgets the cached vLLM probe
@@ -90,11 +91,12 @@ for step in "$@"; do
         --out $R/results/points.jsonl --log-dir $R/logs 2>&1 | tee -a $R/results/points.out
       export_trials ;;
     grid)
+      earlier=$(ls benchmarks/results/h200-{trials,points,methods}-*.jsonl)
+      [ -n "${ROUND_ONLY:-}" ] && earlier=
       python3 benchmarks/gpu/measure_points.py benchmarks/gpu/"$a".yaml --deadline-s "$b" --starts "${d:-1}" \
         ${PROTOCOL:+--protocol "$PROTOCOL"} \
         --grid $(echo "$c" | tr ',' ' ' | tr '=' ':' | tr '/' ',') --out $R/results/points.jsonl \
-        --done $R/results/trials.jsonl benchmarks/results/h200-trials-*.jsonl benchmarks/results/h200-points-*.jsonl \
-        benchmarks/results/h200-methods-*.jsonl \
+        --done $R/results/trials.jsonl $earlier \
         --log-dir $R/logs 2>&1 | tee -a $R/results/points.out
       export_trials ;;
     models)
