@@ -65,6 +65,9 @@ class Grid:
     noise_pool: list[float] = field(default_factory=list)
     """relative deviations of repeated starts from their configuration's mean (the machine's
     start-to-start noise); a configuration recorded once is scaled by one of them per draw."""
+    noise_prior: tuple[float, int] | None = None
+    """(cv, df) the workload's study spec gives the predictor (``objective.start_noise``, its
+    speculative figure): what ``ours`` knows of the noise before its first start, as in a study."""
 
     def __post_init__(self):
         if not self.truth:
@@ -150,6 +153,14 @@ H200_SPACE = ("ngram", "draft_model")
 of the same workload are one-off method checks, not grid points)."""
 
 
+def spec_noise_prior(workload: str) -> tuple[float, int] | None:
+    """The predictor's prior of a GPU workload's study (``benchmarks/gpu/<workload>.yaml``)."""
+    from autotune.core._spec import load_spec
+
+    sn = load_spec(ROOT / "benchmarks" / "gpu" / f"{workload}.yaml").objective.start_noise
+    return None if sn is None else (sn.for_class("speculative").cv, sn.for_class("speculative").df)
+
+
 def load_h200_rounds(workloads=("code-h200", "chat-h200"), levels=(1, 32)) -> list[Grid]:
     """The autotune H200 rounds (``benchmarks/results/h200-{trials,points,methods}-*.jsonl``: one
     row per server start, both profile levels): a grid per workload and level, every start of a
@@ -211,7 +222,7 @@ def load_h200_rounds(workloads=("code-h200", "chat-h200"), levels=(1, 32)) -> li
                 order = sorted((obs[0].config for obs in starts.values()),
                                key=lambda c: (c is not None, c and c["method"] != "ngram", k_of(c)))
                 out.append(Grid(name=f"{prefix}/{wl}/c{lv}", source="benchmarks/results/h200-*.jsonl", configs=order,
-                                starts=starts, level=lv))
+                                starts=starts, level=lv, noise_prior=spec_noise_prior(wl)))
     # the machine's start-to-start noise at each level, from the repeats of none and ngram of a
     # workload within one protocol (the draft model's slow path moved 2.3x between two starts: that
     # path's, not the machine's; rounds 1-4's c=32 repeats count here, their spread being what a
@@ -273,7 +284,7 @@ def run_ours(grid: Grid, rng: random.Random) -> Trace:
     obs: list[Observation] = []
     cands = [c for c in grid.configs if c]
     while len(obs) < 4 * len(grid.configs):
-        st = _predict.next_step(obs, cands, weights={grid.level: 1.0})
+        st = _predict.next_step(obs, cands, weights={grid.level: 1.0}, noise_prior=grid.noise_prior)
         if st.action != "measure":
             tr.stopped_at = len(tr.keys)
             break
@@ -678,7 +689,9 @@ rows, `h200/c*`, have one start per configuration: no noise there; on the grids 
 H200 rounds, `h200-r<N>/<workload>/c*`, one grid per round, since each round ran on another
 machine, a configuration recorded once is scaled by a relative deviation drawn from the repeated
 starts at that level). "ours" is the predictor-guided search a study runs
-(`objective.search: predictor`, the default); "stop at" is where it stops by itself (no
+(`objective.search: predictor`, the default; on the autotune H200 rounds' grids with the
+start-to-start noise prior of its study's spec, `benchmarks/gpu/<workload>.yaml`, as a study
+starts with it); "stop at" is where it stops by itself (no
 candidate likely to beat the best by more than the noise, and no unmeasured neighbour of the best
 K plausibly faster), with how often its pick then is within
 {TOLERANCE:.0%}; "before" is autotune's earlier order (each method at K_max, its acceptance knee,
@@ -718,6 +731,9 @@ def main(argv=None) -> int:
     ap.add_argument("--add-study", metavar="SPEC", help="record a real study's outcome (see add_study) and exit")
     ap.add_argument("--docs-only", action="store_true",
                     help="rewrite the docs section from the results file (--out) without simulating again")
+    ap.add_argument("--grids", metavar="REGEX", help="only the grids whose name matches (implies --no-docs)")
+    ap.add_argument("--no-prior", action="store_true",
+                    help="ours without its spec's start-to-start noise prior (what it did before the H200 specs had one)")
     args = ap.parse_args(argv)
     if args.add_study:
         print(json.dumps(add_study(args.add_study), indent=2))
@@ -726,7 +742,9 @@ def main(argv=None) -> int:
         saved = json.loads(Path(args.out).read_text())
         write_docs(saved["grids"], saved["seeds"])
         return 0
-    grids = load_all()
+    grids = [g for g in load_all() if not args.grids or re.search(args.grids, g.name)]
+    for g in grids if args.no_prior else []:
+        g.noise_prior = None
     if not grids:
         print("no recorded grids found", file=sys.stderr)
         return 1
@@ -744,7 +762,7 @@ def main(argv=None) -> int:
                                          indent=2, default=str) + "\n")
     print(table(results, args.seeds))
     print(error_table(results))
-    if not args.no_docs:
+    if not (args.no_docs or args.grids):
         write_docs(results, args.seeds)
     return 0
 

@@ -88,3 +88,21 @@ def test_a_noisy_pick_costs_its_grid_truth_not_what_its_draw_showed(bench):
     assert s["grid"]["pick_regret_max"] == pytest.approx(1 / 15)
     assert 0 < s["grid"]["pick_regret_mean"] < 1 / 15  # its slow start is drawn now and then
     assert 0 <= s["ours"]["pick_regret_mean"] <= s["ours"]["pick_regret_max"] <= 1 / 15 + 1e-9
+
+
+def test_the_h200_grids_search_with_their_specs_prior_and_the_prior_reaches_the_predictor(bench, monkeypatch):
+    """A study starts its predictor with the spec's start-to-start prior (the speculative figure:
+    its candidates are speculative); the benchmark's H200 round grids do the same, so their
+    simulated searches are the study's. The prior widens what the predictor believes."""
+    from autotune.core._spec import load_spec
+    from autotune.search import _predict
+
+    sp = load_spec(bench.ROOT / "benchmarks" / "gpu" / "code-h200.yaml").objective.start_noise.for_class("speculative")
+    assert bench.spec_noise_prior("code-h200") == (sp.cv, sp.df) and sp.cv > 0.05
+    grids = [g for g in bench.load_h200_rounds() if g.name.startswith("h200-r10/code-h200")]
+    assert grids and all(g.noise_prior == (sp.cv, sp.df) for g in grids)
+    seen = []
+    real = _predict.next_step
+    monkeypatch.setattr(_predict, "next_step", lambda *a, **kw: seen.append(kw.get("noise_prior")) or real(*a, **kw))
+    bench.run_ours(grids[0], random.Random(0))
+    assert seen and set(seen) == {(sp.cv, sp.df)}

@@ -277,7 +277,7 @@ def _comparisons(study, history, best) -> dict:
     all_prior = prior["all"]
     # each class's own repeats and prior; a class with neither borrows every class's, pooled
     # (nothing else is known about it), and says so
-    by_class, borrowed = {}, []
+    by_class = {}
     for cls in NOISE_CLASSES:
         own_c = _measure.pooled_start_noise({k: v for k, v in samples.items() if noise_class(k) == cls})
         by_class[cls] = {"own": own_c, "prior": prior[cls], "noise": own_c + prior[cls]}
@@ -285,7 +285,6 @@ def _comparisons(study, history, best) -> dict:
     for cls, d in by_class.items():
         if d["noise"].df <= 0:
             d["noise"], d["borrowed"] = pooled, True
-            borrowed.append(cls)
     looks = planned_looks(spec)
     conf = 1.0 - (1.0 - spec.guards.confidence) / looks
     b = confirmed(NONE)
