@@ -29,6 +29,7 @@ starts), averaged over seeds. A strategy that stops with a wrong pick counts the
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import re
@@ -153,12 +154,14 @@ H200_SPACE = ("ngram", "draft_model")
 of the same workload are one-off method checks, not grid points)."""
 
 
+@functools.cache
 def spec_noise_prior(workload: str) -> tuple[float, int] | None:
     """The predictor's prior of a GPU workload's study (``benchmarks/gpu/<workload>.yaml``)."""
     from autotune.core._spec import load_spec
 
     sn = load_spec(ROOT / "benchmarks" / "gpu" / f"{workload}.yaml").objective.start_noise
-    return None if sn is None else (sn.for_class("speculative").cv, sn.for_class("speculative").df)
+    sp = sn.for_class("speculative") if sn is not None else None
+    return None if sp is None else (sp.cv, sp.df)
 
 
 def load_h200_rounds(workloads=("code-h200", "chat-h200"), levels=(1, 32)) -> list[Grid]:

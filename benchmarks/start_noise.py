@@ -44,13 +44,14 @@ def start_value(row: dict, statistic: str = "median") -> float | None:
     return measurement_objective(levels, row.get("tpot_ms") or [], statistic)
 
 
-def samples(rows: list[dict], statistic: str = "median", prefix: str = "") -> dict[str, list[float]]:
+def samples(rows: list[dict], statistic: str = "median", prefix: str = "",
+            cls: str | None = None) -> dict[str, list[float]]:
     """Config (of one workload: a synthetic acceptance is part of the config) -> the log objective of
-    each of its successful starts."""
+    each of its successful starts; with ``cls``, only the configs of that class of ``NOISE_CLASSES``."""
     out: dict[str, list[float]] = {}
     for r in rows:
         v = start_value(r, statistic)
-        if v is not None:
+        if v is not None and cls in (None, noise_class(r["config_key"])):
             key = r["config_key"] if r.get("workload") in (None, "*") or r["config_key"] == NONE else f"{r['workload']}:{r['config_key']}"
             out.setdefault(prefix + key, []).append(math.log(v))
     return out
@@ -58,7 +59,7 @@ def samples(rows: list[dict], statistic: str = "median", prefix: str = "") -> di
 
 def _spec_figure(n: _measure.StartNoise) -> str:
     # the spec's prior counts as df observations of log(1 + cv)^2 (docs/decisions.md): this cv gives back sd
-    return f"{{cv: {math.expm1(n.sd):.3f}, df: {n.df}}}"
+    return f"cv: {math.expm1(n.sd):.3f}, df: {n.df}"
 
 
 def main(argv=None) -> int:
@@ -70,9 +71,12 @@ def main(argv=None) -> int:
                     help="no speculation and the speculative configs apart (objective.start_noise.speculative)")
     args = ap.parse_args(argv)
     pooled: dict[str, list[float]] = {}
+    by_class: dict[str, dict[str, list[float]]] = {c: {} for c in NOISE_CLASSES}
     for path in args.grids:
         rows = [json.loads(x) for x in Path(path).read_text().splitlines() if x.strip()]
         s = samples(rows, args.statistic, prefix=f"{path}:")
+        for c in by_class:
+            by_class[c].update(samples(rows, args.statistic, prefix=f"{path}:", cls=c))
         if not s:
             print(f"{path}: no successful rows", file=sys.stderr)
             return 2
@@ -84,17 +88,16 @@ def main(argv=None) -> int:
     if not n.df:
         print("no configuration was started twice: no start-to-start noise to pool", file=sys.stderr)
         return 1
-    print(f"pooled: sd {n.sd:.3f} on {n.df} df -> objective.start_noise: {_spec_figure(n)}")
+    print(f"pooled: sd {n.sd:.3f} on {n.df} df -> objective.start_noise: {{{_spec_figure(n)}}}")
     if args.by_class:
-        cls = {c: _measure.pooled_start_noise({k: v for k, v in pooled.items() if noise_class(k.rsplit(":", 1)[-1]) == c})
-               for c in NOISE_CLASSES}
+        cls = {c: _measure.pooled_start_noise(s) for c, s in by_class.items()}
         for c, x in cls.items():
             print(f"{c}: " + (f"sd {x.sd:.3f} on {x.df} df" if x.df else "no configuration started twice"))
         if not all(x.df for x in cls.values()):
             print("a class has no repeated start: no figure per class", file=sys.stderr)
             return 1
-        sp = _spec_figure(cls["speculative"]).strip("{}")
-        print(f"by class -> objective.start_noise: {_spec_figure(cls['none'])[:-1]}, speculative: {{{sp}}}}}")
+        print(f"by class -> objective.start_noise: {{{_spec_figure(cls['none'])}, "
+              f"speculative: {{{_spec_figure(cls['speculative'])}}}}}")
     return 0
 
 

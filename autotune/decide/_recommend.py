@@ -274,14 +274,13 @@ def _comparisons(study, history, best) -> dict:
         samples[key] = start_log_values(used, stat)
     own = _measure.pooled_start_noise(samples)
     prior = prior_noise(study, history)
-    all_prior = prior["all"]
     # each class's own repeats and prior; a class with neither borrows every class's, pooled
     # (nothing else is known about it), and says so
     by_class = {}
     for cls in NOISE_CLASSES:
         own_c = _measure.pooled_start_noise({k: v for k, v in samples.items() if noise_class(k) == cls})
         by_class[cls] = {"own": own_c, "prior": prior[cls], "noise": own_c + prior[cls]}
-    pooled = own + all_prior
+    pooled = own + prior["all"]
     for cls, d in by_class.items():
         if d["noise"].df <= 0:
             d["noise"], d["borrowed"] = pooled, True
@@ -290,7 +289,7 @@ def _comparisons(study, history, best) -> dict:
     b = confirmed(NONE)
     i = confirmed(inc_key) if inc else []
     w = confirmed(win_key) if win_key else []
-    return {"own": own, "prior": all_prior, "noise": pooled, "by_class": by_class, "looks": looks,
+    return {"own": own, "prior": prior["all"], "noise": pooled, "by_class": by_class, "looks": looks,
             "confidence": conf, "B": b, "I": i, "W": w, "stat": stat,
             "classes": {"B": "none", "I": noise_class(inc_key), "W": noise_class(win_key)},
             "logs": {k: start_log_values(v, stat) for k, v in (("B", b), ("I", i), ("W", w))}}
