@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import random
 import re
 import statistics
@@ -43,6 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from autotune.core import _measure
+from autotune.core._spec import SEARCH_TOLERANCE  # noqa: E402
 from autotune.search import _predict  # noqa: E402
 from autotune.search._predict import LevelObs, Observation, canonical, k_of, label  # noqa: E402
 
@@ -69,6 +71,8 @@ class Grid:
     noise_prior: tuple[float, int] | None = None
     """(cv, df) the workload's study spec gives the predictor (``objective.start_noise``, its
     speculative figure): what ``ours`` knows of the noise before its first start, as in a study."""
+    repeats: bool = False
+    """the workload's spec sets ``objective.search_repeats``: ``ours`` searches with it, as its study does."""
 
     def __post_init__(self):
         if not self.truth:
@@ -155,11 +159,16 @@ of the same workload are one-off method checks, not grid points)."""
 
 
 @functools.cache
-def spec_noise_prior(workload: str) -> tuple[float, int] | None:
-    """The predictor's prior of a GPU workload's study (``benchmarks/gpu/<workload>.yaml``)."""
+def spec_objective(workload: str):
+    """The ``objective`` block of a GPU workload's study spec (``benchmarks/gpu/<workload>.yaml``)."""
     from autotune.core._spec import load_spec
 
-    sn = load_spec(ROOT / "benchmarks" / "gpu" / f"{workload}.yaml").objective.start_noise
+    return load_spec(ROOT / "benchmarks" / "gpu" / f"{workload}.yaml").objective
+
+
+def spec_noise_prior(workload: str) -> tuple[float, int] | None:
+    """The predictor's prior of a GPU workload's study."""
+    sn = spec_objective(workload).start_noise
     sp = sn.for_class("speculative") if sn is not None else None
     return None if sp is None else (sp.cv, sp.df)
 
@@ -225,7 +234,8 @@ def load_h200_rounds(workloads=("code-h200", "chat-h200"), levels=(1, 32)) -> li
                 order = sorted((obs[0].config for obs in starts.values()),
                                key=lambda c: (c is not None, c and c["method"] != "ngram", k_of(c)))
                 out.append(Grid(name=f"{prefix}/{wl}/c{lv}", source="benchmarks/results/h200-*.jsonl", configs=order,
-                                starts=starts, level=lv, noise_prior=spec_noise_prior(wl)))
+                                starts=starts, level=lv, noise_prior=spec_noise_prior(wl),
+                                repeats=spec_objective(wl).search_repeats))
     # the machine's start-to-start noise at each level, from the repeats of none and ngram of a
     # workload within one protocol (the draft model's slow path moved 2.3x between two starts: that
     # path's, not the machine's; rounds 1-4's c=32 repeats count here, their spread being what a
@@ -272,8 +282,11 @@ class Trace:
         self.values.append(obs.levels[level].value)
 
     def incumbent(self, n: int) -> str:
-        i = min(range(n), key=lambda j: self.values[j])
-        return self.keys[i]
+        """The best of the first ``n`` starts, a configuration started more than once by its mean."""
+        by: dict[str, list[float]] = {}
+        for k, v in zip(self.keys[:n], self.values[:n]):
+            by.setdefault(k, []).append(v)
+        return min(by, key=lambda k: statistics.mean(by[k]))
 
     def reach(self, grid: Grid) -> int | None:
         for n in range(1, len(self.keys) + 1):
@@ -282,12 +295,23 @@ class Trace:
         return None
 
 
+OURS = {"budget": None, "min_gain": SEARCH_TOLERANCE, "repeats": None}
+"""How ``ours`` runs, as a study with the spec's defaults (``objective.search_tolerance``,
+``search_repeats``): ``--budget``, ``--min-gain``, ``--repeats`` change it. The H200 grids run
+with ``GPU_BUDGET`` unless ``--budget`` says otherwise."""
+GPU_BUDGET = 6
+"""The issue's GPU setting: at most 6 server starts (a study with ``budget.max_trials: 6``),
+then the pick."""
+
+
 def run_ours(grid: Grid, rng: random.Random) -> Trace:
     tr = Trace()
     obs: list[Observation] = []
     cands = [c for c in grid.configs if c]
-    while len(obs) < 4 * len(grid.configs):
-        st = _predict.next_step(obs, cands, weights={grid.level: 1.0}, noise_prior=grid.noise_prior)
+    budget = OURS["budget"] or (GPU_BUDGET if grid.name.startswith("h200") else 4 * len(grid.configs))
+    while len(obs) < budget:
+        st = _predict.next_step(obs, cands, weights={grid.level: 1.0}, noise_prior=grid.noise_prior,
+                                min_gain=OURS["min_gain"], repeats=grid.repeats if OURS["repeats"] is None else OURS["repeats"])
         if st.action != "measure":
             tr.stopped_at = len(tr.keys)
             break
@@ -425,6 +449,41 @@ def one_shot_error(grid: Grid) -> dict:
             "inside_90pct": statistics.mean(r["inside"] for r in rows) if rows else None}
 
 
+def resolution(grid: Grid, draws: int = 4000) -> dict | None:
+    """How sure the grid itself is of its answer: each configuration's true TPOT drawn around its
+    recorded mean with the standard error of its starts (the grid's own start-to-start sd, pooled
+    over its repeated speculative configurations, or its noise pool where it has none; no
+    speculation, which repeats closer, gets the same, the cautious side), the share of draws in
+    which the grid's best is within the tolerance of the drawn best, and the configurations that
+    are the drawn best in at least 5% of draws. A search judged against a truth that is itself
+    this unsure cannot score above it for reasons of its own."""
+    ss, df = 0.0, 0
+    for obs in grid.starts.values():
+        vals = [o.levels[grid.level].value for o in obs]
+        if len(vals) >= 2 and obs[0].config:  # the speculative configs' noise (no speculation repeats closer)
+            m = statistics.mean(vals)
+            ss += sum((v / m - 1) ** 2 for v in vals)
+            df += len(vals) - 1
+    if df:
+        sd = math.sqrt(ss / df)
+    elif grid.noise_pool:
+        sd = math.sqrt(2 * statistics.mean(x * x for x in grid.noise_pool))  # pairs: deviations are half the gap
+    else:
+        return None
+    rng = random.Random(f"{grid.name}-resolution")
+    keys = list(grid.truth)
+    n = {k: len(grid.starts[k]) for k in keys}
+    ok, best_counts = 0, {k: 0 for k in keys}
+    for _ in range(draws):
+        mu = {k: grid.truth[k] * (1 + sd / math.sqrt(n[k]) * rng.gauss(0, 1)) for k in keys}
+        lo = min(mu.values())
+        ok += mu[grid.best_key] <= lo * (1 + TOLERANCE)
+        best_counts[min(mu, key=mu.get)] += 1
+    return {"start_sd": sd, "df": df, "best_within_tolerance": ok / draws,
+            "may_be_best": {label(grid.starts[k][0].config): c / draws for k, c in
+                            sorted(best_counts.items(), key=lambda x: -x[1]) if c / draws >= 0.05}}
+
+
 def evaluate(grid: Grid, seeds: int) -> dict:
     n = len(grid.configs)
     out: dict = {"grid": grid.name, "source": grid.source, "configs": n,
@@ -477,6 +536,9 @@ def evaluate(grid: Grid, seeds: int) -> dict:
             # the GPU target: a pick within 3% of the grid's best after at most 6 server starts
             d["within_3pct_by_6_starts"] = statistics.mean(ok and n_ <= 6 for ok, n_ in zip(pick_ok, stops))
         out["strategies"][name] = d
+    out["resolution"] = resolution(grid) if grid.name.startswith("h200") else None
+    out["ours_settings"] = {**OURS, "budget": OURS["budget"] or (GPU_BUDGET if grid.name.startswith("h200") else None),
+                            "repeats": grid.repeats if OURS["repeats"] is None else OURS["repeats"]}
     out["predictor_error"] = {
         "chosen_starts": len(preds),
         "mape": statistics.mean(abs(p - m) / m for p, _, _, m in preds) if preds else None,
@@ -614,12 +676,26 @@ def gpu_reading(results: list[dict]) -> str:
     rows = [r for r in results if r["grid"].startswith("h200-r") and r["grid"].count("/") == 2]
     if not rows:
         return ""
-    parts = [f"{r['grid']} ({r['configs']} configs, {r['starts_per_config']:.2f} starts each): "
-             f"{r['strategies']['ours']['within_3pct_by_6_starts']:.0%} within 3% by 6 starts, stop at "
-             f"{r['strategies']['ours']['mean_starts_at_stop']:.2f} (at most {r['strategies']['ours']['max_starts_at_stop']})"
-             for r in rows]
+    lines = ["| grid | configs | starts each | ours: within 3% by 6 starts | ours: stops at | grid's own start sd "
+             "| grid's best within 3% of the true best | may be the best (share of draws) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        o, res = r["strategies"]["ours"], r.get("resolution") or {}
+        may = ", ".join(f"{k.removesuffix(' w=2-4')} {v:.0%}" for k, v in (res.get("may_be_best") or {}).items())
+        lines.append(f"| {r['grid']} | {r['configs']} | {r['starts_per_config']:.2f} | {o['within_3pct_by_6_starts']:.0%} "
+                     f"| {o['mean_starts_at_stop']:.2f} (at most {o['max_starts_at_stop']}) | "
+                     + (f"{res['start_sd']:.1%} ({res['df']} df) " if res.get("df") else
+                        f"{res['start_sd']:.1%} (noise pool) " if res else "")
+                     + (f"| {res['best_within_tolerance']:.0%} | {may} |"
+                        if res else "| | |"))
+    below = [r["grid"] for r in rows if r["strategies"]["ours"]["within_3pct_by_6_starts"] < 0.95]
     return ("On the H200 grids of the autotune rounds (configurations recorded once draw the machine's "
-            "start-to-start noise at that level from the repeated ones): " + "; ".join(parts) + ".\n\n")
+            "start-to-start noise at that level from the repeated ones; `ours` gets at most "
+            f"{GPU_BUDGET} starts, as a study with `budget.max_trials: {GPU_BUDGET}`, and picks the lowest mean): "
+            "the target, and how sure each grid is of its own answer (`resolution`: each configuration's true "
+            "TPOT drawn around its recorded mean with the standard error of its starts, at the grid's own "
+            "start-to-start sd where it has repeats, else its noise pool's):\n\n" + "\n".join(lines) +
+            f"\n\n{len(below)} of {len(rows)} grids below 95%.\n\n")
 
 
 def reading(results: list[dict]) -> str:
@@ -694,9 +770,10 @@ machine, a configuration recorded once is scaled by a relative deviation drawn f
 starts at that level). "ours" is the predictor-guided search a study runs
 (`objective.search: predictor`, the default; on the autotune H200 rounds' grids with the
 start-to-start noise prior of its study's spec, `benchmarks/gpu/<workload>.yaml`, as a study
-starts with it); "stop at" is where it stops by itself (no
-candidate likely to beat the best by more than the noise, and no unmeasured neighbour of the best
-K plausibly faster), with how often its pick then is within
+starts with it, with `objective.search_tolerance` {OURS['min_gain']:.0%} and the spec's
+`search_repeats`, on in the H200 specs, at most {GPU_BUDGET} starts on the H200 grids); "stop at" is where it stops by itself (no candidate likely to beat the best by more than
+the tolerance, the best's own noise counted, and no unmeasured neighbour of the best K plausibly
+faster), with how often its pick, the lowest mean, then is within
 {TOLERANCE:.0%}; "before" is autotune's earlier order (each method at K_max, its acceptance knee,
 then TPE); TPE is Optuna's sampler as the study configures it; "grid" needs every configuration.
 
@@ -720,7 +797,7 @@ tiny models and with SmolLM2-135M, `cpu/code-smollm2`; llama.cpp b11434 with Smo
     start = text.find(SECTION)
     if start >= 0:
         nxt = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + body + (text[nxt + 1:] if nxt >= 0 else "")
+        text = text[:start] + body + ("\n" + text[nxt + 1:] if nxt >= 0 else "")
     else:
         text = text.rstrip("\n") + "\n\n" + body
     DOCS.write_text(text)
@@ -737,7 +814,15 @@ def main(argv=None) -> int:
     ap.add_argument("--grids", metavar="REGEX", help="only the grids whose name matches (implies --no-docs)")
     ap.add_argument("--no-prior", action="store_true",
                     help="ours without its spec's start-to-start noise prior (what it did before the H200 specs had one)")
+    ap.add_argument("--budget", type=int, help="ours: at most this many server starts")
+    ap.add_argument("--min-gain", type=float, default=SEARCH_TOLERANCE,
+                    help="ours: the gain worth a start (objective.search_tolerance; default %(default)s; "
+                         "0: the measured noise, the stopping margin before search_tolerance)")
+    ap.add_argument("--repeats", choices=("on", "off"),
+                    help="ours: may start a measured configuration again (default: as the grid's spec says)")
     args = ap.parse_args(argv)
+    OURS.update(budget=args.budget, min_gain=args.min_gain or None,
+                repeats=None if args.repeats is None else args.repeats == "on")
     if args.add_study:
         print(json.dumps(add_study(args.add_study), indent=2))
         return 0

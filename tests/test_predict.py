@@ -194,10 +194,15 @@ def test_noise_estimate_pools_the_studys_repeats_with_the_prior():
     assert _predict.estimate_noise(many, 0.03, 2) == pytest.approx((0.2 / 29) ** 0.5, rel=0.05)  # the data win
 
 
-def _interior(noise_prior=None, p_neighbour=_predict.P_NEIGHBOUR):
+QUIET = (0.02, 50)
+"""A host whose start-to-start noise is known to be 2%."""
+
+
+def _interior(noise_prior=QUIET, p_neighbour=_predict.P_NEIGHBOUR):
     """A flat interior optimum (K=6 and K=7 within 0.1%, K=5 and K=8 within 1.5%): after the
     baseline, K_max and the predictor's first pick, nothing beats the best by the 3% margin with
-    20% probability, so the plain rule stops one K short of the optimum (what the H200 study did)."""
+    20% probability on a quiet host, so the plain rule stops one K short of the optimum (what the
+    H200 study did)."""
     w = Workload(rates=[0.75 ** (i + 1) for i in range(8)], coverage=1.0, overhead=2.0, per_k=0.6)
     truth = {k: w.tpot(ngram(k), 4) for k in range(1, 9)}
     obs = [w.observe(None), w.observe(ngram(8))]
@@ -221,7 +226,7 @@ def test_no_stop_while_a_neighbour_of_the_best_k_is_unmeasured_and_plausibly_fas
         if st.action != "measure":
             break
         obs.append(w.observe(st.config))
-        st = next_step(obs, space_ngram(), weights={4: 1.0}, min_gain=0.03)
+        st = next_step(obs, space_ngram(), weights={4: 1.0}, min_gain=0.03, noise_prior=QUIET)
     assert st.action == "stop" and "no unmeasured neighbour" in st.reason
     assert truth[_best_k(obs)] == min(truth.values()) and len(obs) <= 6
 
@@ -308,3 +313,21 @@ def test_two_noisy_neighbouring_ks_never_predict_a_step_cheaper_than_the_baselin
     # a clean line above the baseline is fitted as before
     free = CostFit(s0=s0, points=[(2, 3.0), (8, 6.0)], noise=0.03, fixed_share=0.5)
     assert free.at(5)[1] == pytest.approx(4.5) and free.at(0)[1] >= s0
+
+
+def test_a_far_extrapolation_stays_inside_what_a_step_can_cost():
+    """Round 10 at c=32: ngram K=10 then its knee K=8 a little faster (noise) put K=1's step at
+    15 ms with an interval from below zero to 32 ms (the baseline's step is 6.7 ms), and the
+    search spent a start on K=1 for its low end. A step costs at least the baseline's and is
+    monotone in K: below the smallest measured K at most that K's step (within its noise),
+    between two measured Ks inside their bands."""
+    s0, noise = 6.7, 0.072
+    t = lambda k: 1 + sum(0.8 ** i for i in range(1, k + 1))  # noqa: E731
+    s8, s10 = 5.585 * t(8), 5.868 * t(10)
+    fit = CostFit(s0=s0, points=[(10, s10), (8, s8)], noise=noise, fixed_share=0.5)
+    e = _predict.Z90 * noise
+    for k in range(1, 8):
+        lo, mid, hi = fit.at(k)
+        assert s0 * (1 - e) <= lo <= mid <= hi <= s8 * (1 + e) + 1e-9, k
+    lo9, _, hi9 = fit.at(9)
+    assert s8 * (1 - e) - 1e-9 <= lo9 and hi9 <= s10 * (1 + e) + 1e-9

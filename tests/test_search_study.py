@@ -286,3 +286,38 @@ def test_the_predictor_carries_the_known_start_to_start_noise(tmp_path, monkeypa
                      objective={"start_noise": {"cv": 0.005, "df": 6, "speculative": {"cv": 0.06, "df": 9}}})
     study, _, _ = run_study(d, monkeypatch, w, spec)
     assert study.sampler.noise_prior == (0.06, 9)
+
+
+def test_a_noisy_host_starts_a_close_rival_again_and_the_best_is_the_mean(tmp_path, monkeypatch):
+    """At 7% start-to-start noise one start each cannot tell configurations 3% apart: the search
+    starts the pair's less measured side again (a search trial with ``repeat``, its own claim),
+    and the pick is the configuration with the lowest mean over its starts. Without
+    ``search_repeats`` no configuration is started twice."""
+    w = Workload(rates=[0.75 ** (i + 1) for i in range(8)], coverage=1.0, overhead=2.0, per_k=0.6)
+    runs = {}
+    for repeats in (True, False):
+        d = tmp_path / str(repeats)
+        d.mkdir()
+        spec = make_spec(d, budget={"max_trials": 8, "max_server_starts": 10, "max_wall_minutes": 10},
+                         objective={"start_noise": {"cv": 0.07, "df": 40}, "search_repeats": repeats})
+        study, outcome, fm = run_study(d, monkeypatch, w, spec)
+        search = [t for t in study.trials() if t.user_attrs["role"] == "search"]
+        runs[repeats] = (study, search)
+    study, search = runs[True]
+    again = [t for t in search if t.user_attrs.get("repeat")]
+    assert again, [t.user_attrs["config_key"] for t in search]
+    for t in again:
+        key = t.user_attrs["config_key"]
+        n = len([u for u in search if u.user_attrs["config_key"] == key and u.number <= t.number])
+        assert n >= 2 and t.user_attrs["claim_key"] == f"{key}#{n}"
+        assert t.user_attrs["search_reason"].startswith("another start of")
+    by: dict = {}
+    for t in search:
+        by.setdefault(t.user_attrs["config_key"], []).append(study.objective_of(t))
+    means = {k: sum(v) / len(v) for k, v in by.items()}
+    best = study.best(search_only=True)
+    assert best.user_attrs["config_key"] == min(means, key=means.get)
+    assert study.mean_objective(best) == pytest.approx(means[best.user_attrs["config_key"]])
+    _, plain = runs[False]
+    keys = [t.user_attrs["config_key"] for t in plain]
+    assert len(keys) == len(set(keys)) and not any(t.user_attrs.get("repeat") for t in plain)

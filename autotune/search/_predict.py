@@ -23,11 +23,15 @@ The **policy** (``next_step``): the baseline, then each method at its largest K,
 acceptance knee of each method that beat the baseline there (``_knee_step``: a second K where
 the acceptance flattens, measured before the cost model decides; GPU step costs are not smooth
 in K), then, among the candidates with at least ``P_STOP`` probability of beating the best measured objective by more
-than the measurement noise, the one with the lowest plausible TPOT (its interval's low end);
+than the gain worth a start (``min_gain``: a study passes ``objective.search_tolerance``, 3%, or
+``min_gain`` when larger; the probability counts the best's own noise, a mean of few starts, as
+well as the candidate's interval), the one with the lowest plausible TPOT (its interval's low end);
 when no candidate is that likely, stop, except while a neighbour of the best K (K-1 or K+1 of the
 same method and knobs) is unmeasured and has at least ``P_NEIGHBOUR`` probability of being faster
 than the best at all: an interior optimum is often one K away from where the fit put it, and a
-single measured start of the best is itself noisy. The measurement noise is the start-to-start
+single measured start of the best is itself noisy. With ``repeats`` (experimental,
+``objective.search_repeats``) a measured rival that may still beat the best by the margin gets
+another start too (of whichever of the pair has fewer). The measurement noise is the start-to-start
 noise the study observed on repeated starts, pooled with a prior (the spec's recorded A/A figure,
 earlier nights) by degrees of freedom (``estimate_noise``). The predictor only chooses what to
 measure: every recommendation still rests on measured trials (``_recommend``).
@@ -342,7 +346,7 @@ class CostFit:
             mid = a + b * k
             var = cov[0][0] + 2 * k * cov[0][1] + k * k * cov[1][1]
             e = Z90 * math.sqrt(max(var, 0.0))
-            return (mid - e, mid, mid + e)
+            return self._bounded(k, mid - e, mid, mid + e)
         by_k: dict[int, list[float]] = {}
         for kk, s in self.points:
             by_k.setdefault(kk, []).append(s)
@@ -355,6 +359,31 @@ class CostFit:
         flat = s1
         mid = self.fixed_share * flat + (1 - self.fixed_share) * line
         return (min(flat, line) * (1 - e), mid, max(flat, line) * (1 + e))
+
+    def _bounded(self, k: int, lo: float, mid: float, hi: float) -> tuple[float, float, float]:
+        """The fit's interval cut to what a step cost can be: never below the baseline's step
+        (drafting adds work), and monotone in K, so between the measured Ks around ``k`` (each
+        within its measurement noise). A line through two noisy far Ks (K=8 and 10) otherwise
+        extrapolates to K=1 with an interval from below zero to three times the baseline, and
+        a search that ranks by the interval's low end spends a start there."""
+        by_k: dict[int, list[float]] = {}
+        for kk, s in self.points:
+            by_k.setdefault(kk, []).append(s)
+
+        def band(kk: int) -> tuple[float, float]:
+            m, e = sum(by_k[kk]) / len(by_k[kk]), Z90 * self.noise / math.sqrt(len(by_k[kk]))
+            return m * (1 - e), m * (1 + e)
+
+        lo = max(lo, self.s0 * (1 - Z90 * self.noise))
+        above = [kk for kk in by_k if kk >= k]
+        below = [kk for kk in by_k if kk <= k]
+        if above:
+            hi = min(hi, band(min(above))[1])
+        if below:
+            lo = max(lo, band(max(below))[0])
+        if lo > hi:
+            lo = hi = (lo + hi) / 2
+        return (lo, min(max(mid, lo), hi), hi)
 
     def _intercept(self) -> tuple[float, float]:
         """(mid, high) of the method's fixed overhead per step (the cost at K=0 were it drafting):
@@ -471,17 +500,24 @@ class Predictor:
         """A baseline and at least one speculative run with per-position counters."""
         return bool(self.baseline) and any(a is not None and a.rates for a in self._acc.values())
 
-    def best(self) -> tuple[Observation, float] | None:
-        """The best feasible measured configuration by the weighted objective (baseline included);
-        repeated starts of a configuration are averaged."""
+    def means(self) -> dict[str, tuple[Observation, float, int]]:
+        """Config key -> (an observation, mean weighted objective, starts) of every feasible
+        measured configuration (baseline included): repeated starts are averaged."""
         by: dict[str, list[tuple[Observation, float]]] = {}
         for o in self.obs:
             v = o.objective(self.weights)
             if o.feasible and v is not None:
                 by.setdefault(o.key, []).append((o, v))
-        if not by:
+        return {k: (xs[0][0], sum(v for _, v in xs) / len(xs), len(xs)) for k, xs in by.items()}
+
+    def best(self) -> tuple[Observation, float] | None:
+        """The best feasible measured configuration by the weighted objective (baseline included);
+        repeated starts of a configuration are averaged."""
+        m = self.means()
+        if not m:
             return None
-        return min(((xs[0][0], sum(v for _, v in xs) / len(xs)) for xs in by.values()), key=lambda x: x[1])
+        o, v, _ = min(m.values(), key=lambda x: x[1])
+        return o, v
 
     def measured_keys(self) -> set[str]:
         return {o.key for o in self.obs}
@@ -666,20 +702,25 @@ class Step:
     prediction: Prediction | None = None
     p_beat: float | None = None
     table: list[dict] = field(default_factory=list)
+    repeat: bool = False
+    """``config`` was measured already: this is another start of it (``next_step(repeats=True)``)."""
 
 
 def next_step(observations: Sequence[Observation], candidates: Sequence[dict], *,
               weights: dict[int, float] | None = None, failed: Iterable[str] = (),
               noise: float | None = None, min_gain: float | None = None, p_stop: float = P_STOP,
               bands_max_batch: int | None = None, skip: Iterable[str] = (),
-              noise_prior: tuple[float, int] | None = None, p_neighbour: float = P_NEIGHBOUR) -> Step:
+              noise_prior: tuple[float, int] | None = None, p_neighbour: float = P_NEIGHBOUR,
+              repeats: bool = False) -> Step:
     """The next server start of a predictor-guided search (see the module docstring).
 
     ``candidates``: plain speculative configs of the space (no baseline); ``failed``: config
     keys whose server refused to start or crashed (never proposed again); ``skip``: keys not to
     propose now (e.g. another worker measures them); ``bands_max_batch``: when set (and there
     are several levels), per-level band schedules are candidates too; ``noise_prior``: (relative
-    start-to-start sd, degrees of freedom) known before this study (``estimate_noise``).
+    start-to-start sd, degrees of freedom) known before this study (``estimate_noise``);
+    ``min_gain``: the gain worth a start (default: the noise); ``repeats``: a measured
+    configuration may be started again (see ``_repeat_options``).
     """
     failed, skip = set(failed), set(skip)
     measured = {o.key for o in observations}
@@ -710,6 +751,14 @@ def next_step(observations: Sequence[Observation], candidates: Sequence[dict], *
     best_obs, best_v = best
     margin = min_gain if min_gain is not None else pred.noise
     target = best_v * (1 - margin)
+    means = pred.means()
+    n_best = means[best_obs.key][2]
+    # the best's own figure is a mean of n noisy starts: a candidate's chance to beat it by the
+    # margin counts that uncertainty too, not only the candidate's interval
+    se_target = pred.noise * target / math.sqrt(n_best)
+
+    def p_beat(p: Prediction) -> float:
+        return _phi((target - p.mean) / math.sqrt(p.sd ** 2 + se_target ** 2))
     seen_groups = {group_key(o.config) for o in observations if o.config}
     eligible = []
     by_group: dict[str, list[dict]] = {}
@@ -731,7 +780,7 @@ def next_step(observations: Sequence[Observation], candidates: Sequence[dict], *
         table.append(row)
         if key in measured or key in failed or key in skip:
             continue
-        scored.append((p.expected_improvement(target), p.p_below(target), c, p))
+        scored.append((p.expected_improvement(target), p_beat(p), c, p))
     if bands_max_batch and len(pred.weights) >= 2:
         for g, cs in by_group.items():
             if g not in seen_groups:
@@ -742,10 +791,11 @@ def next_step(observations: Sequence[Observation], candidates: Sequence[dict], *
                 row.update(measured=key in measured, failed=key in failed, bands=True)
                 table.append(row)
                 if key not in measured | failed | skip:
-                    scored.append((p.expected_improvement(target), p.p_below(target), cfg, p))
-    if not scored:
+                    scored.append((p.expected_improvement(target), p_beat(p), cfg, p))
+    again = _repeat_options(pred, means, best_obs, target, se_target, failed | skip) if repeats else []
+    if not scored and not again:
         return Step("stop", reason="every candidate the predictor can judge was measured", table=table)
-    top_p = max(s[1] for s in scored)
+    top_p = max([s[1] for s in scored] + [a[0] for a in again])
     if top_p < p_stop:
         weighted = " traffic-weighted over the levels" if len(pred.weights) > 1 else ""
         nb = _open_neighbour(pred, best_obs, best_v, eligible, measured | failed | skip, p_neighbour)
@@ -761,11 +811,50 @@ def next_step(observations: Sequence[Observation], candidates: Sequence[dict], *
                                     f"its K is faster with probability >= {p_neighbour:.0%}"), table=table)
     # among those likely enough to win: the lowest plausible TPOT (the interval's low end); it
     # tries the candidate the models are most optimistic about, which is also where a second K
-    # teaches the cost fit the most (far from K_max, near the predicted optimum)
-    ei, pb, cfg, p = min((s for s in scored if s[1] >= p_stop), key=lambda x: (x[3].lo, -x[1]))
+    # teaches the cost fit the most (far from K_max, near the predicted optimum). A measured rival
+    # competes on its own measured interval's low end.
+    live = [(p.lo, -pb, False, (cfg, p, pb)) for _, pb, cfg, p in scored if pb >= p_stop]
+    live += [(lo, -pa, True, (cfg, rival, pa, rv, n)) for pa, lo, cfg, rival, rv, n in again if pa >= p_stop]
+    _, _, is_repeat, what = min(live, key=lambda x: x[:2])
+    if is_repeat:
+        cfg, rival, pa, rv, n = what
+        return Step("measure", cfg, p_beat=pa, table=table, repeat=True,
+                    reason=(f"another start of {label(cfg)}: {label(rival.config)} measured {rv:.2f} ms "
+                            f"({n} start{'s' if n > 1 else ''}) against the best {label(best_obs.config)}'s "
+                            f"{best_v:.2f} ms ({n_best}); P(it beats the best by {margin:.1%}) = {pa:.0%} "
+                            f"at {pred.noise:.1%} start-to-start noise"))
+    cfg, p, pb = what
     return Step("measure", cfg, prediction=p, p_beat=pb, table=table,
                 reason=f"predicted {p.mean:.2f} ms ({p.lo:.2f}-{p.hi:.2f}), P(beats {best_v:.2f} ms by "
                        f"{margin:.1%}) = {pb:.0%}")
+
+
+def _repeat_options(pred: Predictor, means: dict[str, tuple[Observation, float, int]], best_obs: Observation,
+                    target: float, se_target: float, blocked: set[str]) -> list[tuple]:
+    """Measured rivals that may still beat the best by the margin: one start each is as noisy
+    as the machine (7% on the H200 rows between two starts of the same n-gram config, at the
+    same acceptance), so a rival a few percent behind, or a best that won on one lucky start,
+    is not settled by the predictor's intervals, which only judge configurations never started.
+    Each option is another start of whichever of the pair has fewer starts (the best on a tie):
+    (P(rival beats the best by the margin), the rival's measured low end, config to start,
+    rival observation, rival mean, rival starts)."""
+    out = []
+    best_key = best_obs.key
+    n_best = means[best_key][2]
+    for key, (o, m, n) in means.items():
+        if key == best_key or not o.config:
+            continue
+        se = pred.noise * m / math.sqrt(n)
+        pa = _phi((target - m) / math.sqrt(se * se + se_target * se_target))
+        again = best_obs if n_best <= n else o
+        if again.key in blocked:
+            again = o if again is best_obs else best_obs
+            if again.key in blocked or not again.config:
+                continue
+        if not again.config:
+            continue
+        out.append((pa, m * (1 - Z90 * pred.noise / math.sqrt(n)), again.config, o, m, n))
+    return out
 
 
 def _knee_step(observations: Sequence[Observation], candidates: Sequence[dict], weights, done: set[str]) -> Step | None:

@@ -4,7 +4,9 @@
 
 - ``predictor`` (default): ``_predict.next_step`` picks each next server start from what the
   measured trials predict for the configurations never started, and decides when to stop: no
-  candidate is likely to beat the best by more than the measurement noise. Every trial it
+  candidate is likely to beat the best by more than ``objective.search_tolerance`` (3%; the
+  measured noise widens what "likely" means, it is not the margin). With ``search_repeats`` a
+  measured configuration may be started again (a search trial with ``repeat``, its own claim). Every trial it
   proposes records its prediction (``predicted_tpot_ms``, ``predicted_ci``, ``predicted_basis``),
   so the predictor's error on configurations it had not seen is on record; the latest table of
   predictions is the study's ``predictor`` user attribute (for ``autotune report``). With too
@@ -125,11 +127,14 @@ class CandidateSampler(BaseSampler):
         self.stopped_because = reason
         return Proposal("stop", params={"method": NONE}, reason=reason)
 
-    def _busy_keys(self, study) -> set[str]:
-        """Measured, refused, or being measured (by any worker): never proposed again."""
-        done = {t.user_attrs.get("config_key") for t in study.get_trials(
-            deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))}
-        return done | failed_keys(study) | self._tried
+    def _busy_keys(self, study, measured: bool = True) -> set[str]:
+        """Refused, or being measured (by any worker), and with ``measured`` the measured ones:
+        never proposed (again). Without ``measured``, a completed configuration may be proposed
+        for another start (``objective.search_repeats``)."""
+        states = (TrialState.COMPLETE, TrialState.RUNNING) if measured else (TrialState.RUNNING,)
+        busy = {t.user_attrs.get("config_key") for t in study.get_trials(deepcopy=False, states=states)}
+        done = {t.user_attrs.get("config_key") for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
+        return busy | failed_keys(study) | (self._tried if measured else self._tried - done)
 
     def _propose(self, study) -> Proposal | None:
         if self.mode in ("grid", "random"):
@@ -142,10 +147,12 @@ class CandidateSampler(BaseSampler):
             return self._stop(f"{self.mode}: every candidate was measured")
         obs = [o for o in (_predict.observation_from_trial(t, self.level) for t in study.get_trials(
             deepcopy=False, states=(TrialState.COMPLETE,))) if o is not None]
+        obj = self.spec.objective
         step = _predict.next_step(obs, [c for _, c in self.cands], weights=self.weights,
-                                  failed=failed_keys(study), min_gain=self.spec.objective.min_gain,
-                                  bands_max_batch=self.bands_max_batch, skip=self._busy_keys(study),
-                                  noise_prior=self.noise_prior)
+                                  failed=failed_keys(study), min_gain=obj.search_min_gain(),
+                                  bands_max_batch=self.bands_max_batch,
+                                  skip=self._busy_keys(study, measured=not obj.search_repeats),
+                                  noise_prior=self.noise_prior, repeats=obj.search_repeats)
         _save(study, step)
         if step.action == "fallback" or (step.action == "measure" and step.config is None):
             self.notes.append(f"predictor: {step.reason}; Optuna's TPE searches instead")
@@ -157,6 +164,8 @@ class CandidateSampler(BaseSampler):
         self._tried.add(canonical(cfg))
         plain = {k: v for k, v in cfg.items() if k != _bands.BANDS_KEY}
         attrs: dict = {"search_reason": step.reason}
+        if step.repeat:
+            attrs["repeat"] = True
         if step.prediction is not None:
             p = step.prediction
             attrs.update(predicted_tpot_ms=p.mean, predicted_ci=[p.lo, p.hi], predicted_basis=p.basis,

@@ -26,6 +26,7 @@ import hashlib
 import json
 import logging
 import math
+import statistics
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -340,13 +341,25 @@ class Study:
             self.sampler.set_noise_prior(sd, df)
 
     def best(self, search_only: bool = False):
-        """Best feasible measured speculative config (by the objective), or None. ``search_only``:
+        """A trial of the best feasible measured speculative config (by the objective, the mean
+        of its starts where the search started it more than once), or None. ``search_only``:
         among the search's starts (the winner the search picked; a confirmation start never
         re-picks it)."""
-        cands = [t for t in self.trials() if t.user_attrs.get("config_key") != NONE
-                 and (not search_only or t.user_attrs.get("role") != ROLE_CONFIRM)
-                 and t.constraints and all(c <= 0 for c in t.constraints.values())]
-        return min(cands, key=self.objective_of) if cands else None
+        by: dict[str, list] = {}
+        for t in self.trials():
+            if t.user_attrs.get("config_key") != NONE \
+                    and (not search_only or t.user_attrs.get("role") != ROLE_CONFIRM) \
+                    and t.constraints and all(c <= 0 for c in t.constraints.values()):
+                by.setdefault(t.user_attrs.get("config_key"), []).append(t)
+        if not by:
+            return None
+        ts = min(by.values(), key=lambda ts: statistics.fmean(self.objective_of(t) for t in ts))
+        return min(ts, key=self.objective_of)
+
+    def mean_objective(self, t) -> float:
+        """The objective of ``t``'s configuration, averaged over its search starts."""
+        ts = [u for u in self.trials(config_key=t.user_attrs.get("config_key")) if u.user_attrs.get("role") != ROLE_CONFIRM]
+        return statistics.fmean(self.objective_of(u) for u in ts) if ts else self.objective_of(t)
 
     def objective_of(self, t) -> float:
         """The trial's objective as this version computes it, from its stored measurement.
@@ -406,9 +419,11 @@ class Study:
         key = canonical(config)
         trial.set_user_attr("config", config)
         trial.set_user_attr("config_key", key)
-        claim_key = trial.user_attrs.get("claim_key") or key
+        repeat = role == ROLE_SEARCH and bool(trial.user_attrs.get("repeat")) and bool(self.trials(config_key=key))
+        claim_key = trial.user_attrs.get("claim_key") or (
+            f"{key}#{len(self.trials(config_key=key)) + 1}" if repeat else key)
         trial.set_user_attr("claim_key", claim_key)
-        if role != ROLE_CONFIRM and self.trials(config_key=key):
+        if role != ROLE_CONFIRM and self.trials(config_key=key) and not repeat:
             trial.set_user_attr("duplicate", True)
             raise optuna.TrialPruned(f"already measured: {key}")
         if role == ROLE_SEARCH and key == NONE and self.trials(config_key=NONE):
@@ -577,7 +592,7 @@ class Study:
             number=frozen.number, role=frozen.user_attrs.get("role", ROLE_SEARCH),
             config=frozen.user_attrs.get("config"), state=frozen.state.name,
             value=frozen.value if frozen.state == optuna.trial.TrialState.COMPLETE else None,
-            best=self.objective_of(best) if best else None, server_starts=self.server_starts(),
+            best=self.mean_objective(best) if best else None, server_starts=self.server_starts(),
             elapsed_s=time.monotonic() - self.t0,
             note=frozen.user_attrs.get("error", "") or ("duplicate" if frozen.user_attrs.get("duplicate") else "")))
         reason = self._budget_left(reserve=self.confirm_reserve()

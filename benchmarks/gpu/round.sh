@@ -20,7 +20,10 @@
 #                               longest, so the first step of a study is best sized by hand)
 #   points:WORKLOAD:LABEL:JSON  measure the speculative configs of JSON (a list) once each
 #   grid:WORKLOAD:SECONDS:ITEMS[:STARTS]
-#                               measure grid points not measured yet (ITEMS: none,ngram=1/2/4,...)
+#                               measure grid points not measured yet (ITEMS: none,ngram=1/2/4,...),
+#                               ending within SECONDS: a point begins only when the step's longest
+#                               start so far (150 s before one) fits; keep SECONDS + setup under the
+#                               command's limit, or the machine goes cold after the kill
 #                               (neither in this round's rows nor in benchmarks/results/h200-*.jsonl);
 #                               with STARTS (default 1), until each point has that many measured
 #                               starts there, every point's first start before any second one;
