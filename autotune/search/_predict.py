@@ -847,11 +847,9 @@ def _repeat_options(pred: Predictor, means: dict[str, tuple[Observation, float, 
         se = pred.noise * m / math.sqrt(n)
         pa = _phi((target - m) / math.sqrt(se * se + se_target * se_target))
         again = best_obs if n_best <= n else o
-        if again.key in blocked:
+        if again.key in blocked:  # being measured: the other one
             again = o if again is best_obs else best_obs
-            if again.key in blocked or not again.config:
-                continue
-        if not again.config:
+        if again.key in blocked or not again.config:  # the baseline's repeats are the confirmation's
             continue
         out.append((pa, m * (1 - Z90 * pred.noise / math.sqrt(n)), again.config, o, m, n))
     return out
