@@ -130,6 +130,25 @@ def test_error_line_engine_core_failure_reports_root_cause_not_wrapper():
         "ValueError: No available memory for the cache blocks. Try increasing `VLLM_CPU_KVCACHE_SPACE`.")
 
 
+WORKER_LOG = textwrap.dedent("""\
+    (Worker pid=18494) ERROR 12-04 14:03:04 [multiproc_executor.py:953] WorkerProc failed to start.
+    (Worker pid=18494) ERROR 12-04 14:03:04 [multiproc_executor.py:953] Traceback (most recent call last):
+    (Worker pid=18494) ERROR 12-04 14:03:04 [multiproc_executor.py:953] RuntimeError: pin_memory=True requires a CUDA or other accelerator backend; no pinned memory allocator is available on this system.
+    (EngineCore pid=18473) ERROR 12-04 14:03:06 [core.py:1510] EngineCore failed to start.
+    (EngineCore pid=18473) ERROR 12-04 14:03:06 [core.py:1510]     self.workers = WorkerProc.wait_for_ready(unready_workers)
+    (EngineCore pid=18473) ERROR 12-04 14:03:06 [core.py:1510] Exception: WorkerProc initialization failed due to an exception in a background process. See stack trace for root cause.
+    Exception: WorkerProc initialization failed due to an exception in a background process. See stack trace for root cause.
+        raise RuntimeError(
+    RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}
+    """)
+
+
+def test_error_line_worker_failure_reports_root_cause_not_wrappers():
+    """vllm-cpu 0.32 starting ngram_gpu: the worker's error, under the wrapper lines and a traceback line logged at ERROR."""
+    assert error_line(WORKER_LOG) == ("RuntimeError: pin_memory=True requires a CUDA or other accelerator backend; "
+                                      "no pinned memory allocator is available on this system.")
+
+
 def test_error_line_logged_error_without_exception():
     log = "INFO 05-01 [x.py:1] starting\nERROR 05-01 12:00:00 [launcher.py:80] address already in use\n"
     assert error_line(log) == "address already in use"

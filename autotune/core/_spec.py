@@ -18,7 +18,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_valid
 from autotune.core._measure import STATISTICS
 from autotune.core._schedule import parse_cron
 
-TUNED_METHODS = ("ngram", "suffix", "draft_model", "eagle3", "eagle", "mtp",
+TUNED_METHODS = ("ngram", "ngram_gpu", "suffix", "draft_model", "eagle3", "eagle", "mtp",
                  # llama.cpp's n-gram drafters (llama-server --spec-type ngram-simple, ...)
                  "ngram_simple", "ngram_map_k", "ngram_map_k4v", "ngram_mod")
 ENGINE_KINDS = ("vllm", "llamacpp")
@@ -128,6 +128,8 @@ class KRange(_Model):
 
 
 class NgramSpace(_Model):
+    """Prompt-lookup windows of both n-gram proposers, ``ngram`` (host CPU) and ``ngram_gpu``."""
+
     prompt_lookup_min: list[int] = Field(default=[2], min_length=1)
     prompt_lookup_max: list[int] = Field(default=[5], min_length=1)
 

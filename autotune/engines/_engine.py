@@ -30,8 +30,10 @@ _ERROR_PATTERNS = (
     re.compile(r"(\w+Error|\w+Exception): (.+)"),
     re.compile(r"\bERROR\b.*?\] (.+)"),
 )
-# vLLM V1 ends a failed engine-core start with a generic wrapper line after the real cause.
-_NOISE = ("Traceback", "raise ", "File \"", "^^^^", "See root cause above")
+# vLLM V1 ends a failed engine-core start with generic wrapper lines after the real cause (the
+# engine core's, and since 0.32 the worker process's).
+_NOISE = ("Traceback", "raise ", "File \"", "^^^^", "See root cause above", "See stack trace for root cause",
+          "EngineCore failed to start.", "WorkerProc failed to start.")
 # "(APIServer pid=42) " and "ERROR 05-01 12:00:00 [core.py:708] ", which vLLM puts before each line
 _LINE_PREFIX = re.compile(r"^\s*(?:\([^)]*pid=\d+\)\s*)?(?:[A-Z]+ \d\d-\d\d [\d:.]+ \[[^\]]*\]\s?)?")
 
@@ -111,6 +113,8 @@ def error_line(log_text: str) -> str | None:
             continue
         for pat in _ERROR_PATTERNS:
             m = pat.search(line)
+            if m and pat is _ERROR_PATTERNS[1] and m.group(1).startswith(" "):
+                break  # an indented traceback line that vLLM logged at ERROR: code, not a reason
             if m:
                 found = m.group(0).strip() if pat is _ERROR_PATTERNS[0] else m.group(1).strip()
                 break

