@@ -36,7 +36,7 @@ from autotune.search._trial import TrialFailed, measure  # noqa: E402
 
 # server-log lines worth keeping beside a row: how the drafter and the graphs were set up
 LOG_PATTERNS = re.compile(r"cuda ?graph|cudagraph|eager|falling back|fall back|drafter|draft model|draft_model|"
-                          r"async scheduling|model runner|torch\.compile|compil|Capturing|speculative|"
+                          r"async(hronous)? scheduling|model runner|torch\.compile|compil|Capturing|speculative|"
                           r"eagle|mtp|suffix|arctic|error|exception",
                           re.IGNORECASE)
 

@@ -1,5 +1,5 @@
 """The method table of the H200 report: one line per server start of each speculative method of
-the protocol (no speculation, ngram, draft model, EAGLE-3, suffix decoding, MTP), with TPOT and
+the protocol (no speculation, ngram and its GPU proposer, draft model, EAGLE-3, suffix decoding, MTP), with TPOT and
 acceptance length per concurrency level, the requests measured per level (and how many of them
 ran inside the level's steady window), seconds to a healthy server and the failed starts with
 their error. Reads study trials and measured points (benchmarks/results/h200-*.jsonl).
@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 TARGET = "/tmp/models/qwen3-8b"
-ORDER = ["none", "ngram", "draft_model", "eagle3", "suffix", "mtp"]
+ORDER = ["none", "ngram", "ngram_gpu", "draft_model", "eagle3", "suffix", "mtp"]
 
 
 def describe(cfg: dict | None) -> str:
