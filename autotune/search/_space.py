@@ -203,7 +203,7 @@ def in_space(space: SearchSpace, params: dict) -> bool:
     kr = space.spec.k_range(method)
     if not kr.min <= int(params[f"{method}.k"]) <= kr.max:
         return False
-    choices = {"ngram.window": space._ngram_windows(), "ngram_gpu.window": space._ngram_windows(),
+    choices = {**{f"{m}.window": space._ngram_windows() for m in NGRAM_METHODS},
                "suffix.max_tree_depth": space.spec.suffix.max_tree_depth,
                "suffix.max_spec_factor": space.spec.suffix.max_spec_factor,
                "suffix.min_token_prob": space.spec.suffix.min_token_prob,

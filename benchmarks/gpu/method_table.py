@@ -1,8 +1,8 @@
 """The method table of the H200 report: one line per server start of each speculative method of
-the protocol (no speculation, ngram and its GPU proposer, draft model, EAGLE-3, suffix decoding, MTP), with TPOT and
-acceptance length per concurrency level, the requests measured per level (and how many of them
-ran inside the level's steady window), seconds to a healthy server and the failed starts with
-their error. Reads study trials and measured points (benchmarks/results/h200-*.jsonl).
+the protocol (no speculation, ngram and its GPU proposer, draft model, EAGLE-3, suffix decoding,
+MTP), with TPOT and acceptance length per concurrency level, the requests measured per level
+(and how many of them ran inside the level's steady window), seconds to a healthy server and the
+failed starts with their error. Reads study trials and measured points (benchmarks/results/h200-*.jsonl).
 
     python3 benchmarks/gpu/method_table.py benchmarks/results/h200-*.jsonl [--workload code-h200]
 """
