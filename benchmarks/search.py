@@ -47,6 +47,7 @@ from autotune.core import _measure
 from autotune.core._spec import SEARCH_TOLERANCE  # noqa: E402
 from autotune.search import _predict  # noqa: E402
 from autotune.search._predict import LevelObs, Observation, canonical, k_of, label  # noqa: E402
+from autotune.search._space import NGRAM_METHODS  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 H200 = ROOT.parent / "shared" / "data"
@@ -147,15 +148,16 @@ def load_h200(path: Path) -> list[Grid]:
             o = Observation(config=cfg, levels={conc: LevelObs(r["median_tpot_ms"], delta)}, delta=delta)
             starts.setdefault(o.key, []).append(o)
             configs[o.key] = cfg
-        order = sorted(configs.values(), key=lambda c: (c is not None, c and c["method"] != "ngram", k_of(c)))
+        order = sorted(configs.values(), key=lambda c: (c is not None, c and c["method"] not in NGRAM_METHODS, k_of(c)))
         out.append(Grid(name=f"h200/c{conc}", source=str(path.relative_to(ROOT.parent)), configs=order,
                         starts=starts, level=conc))
     return out
 
 
-H200_SPACE = ("ngram", "draft_model")
-"""The issue's GPU space: none, ngram K 1-10, one draft model K 1-4 (EAGLE-3, suffix and MTP rows
-of the same workload are one-off method checks, not grid points)."""
+H200_SPACE = ("ngram", "ngram_gpu", "draft_model")
+"""The issue's GPU space: none, ngram K 1-10 (vLLM's CPU or GPU n-gram proposer, each its own
+workload's space), one draft model K 1-4 (EAGLE-3, suffix and MTP rows of the same workload are
+one-off method checks, not grid points)."""
 
 
 @functools.cache
@@ -173,7 +175,7 @@ def spec_noise_prior(workload: str) -> tuple[float, int] | None:
     return None if sp is None else (sp.cv, sp.df)
 
 
-def load_h200_rounds(workloads=("code-h200", "chat-h200"), levels=(1, 32)) -> list[Grid]:
+def load_h200_rounds(workloads=("code-h200", "chat-h200", "code-h200-ngram-gpu"), levels=(1, 32)) -> list[Grid]:
     """The autotune H200 rounds (``benchmarks/results/h200-{trials,points,methods}-*.jsonl``: one
     row per server start, both profile levels): a grid per workload and level, every start of a
     plain configuration (no bands, no experiment label) kept, each level's figure the statistic of
@@ -232,25 +234,31 @@ def load_h200_rounds(workloads=("code-h200", "chat-h200"), levels=(1, 32)) -> li
                 if "none" not in starts or len(starts) < 3:
                     continue
                 order = sorted((obs[0].config for obs in starts.values()),
-                               key=lambda c: (c is not None, c and c["method"] != "ngram", k_of(c)))
+                               key=lambda c: (c is not None, c and c["method"] not in NGRAM_METHODS, k_of(c)))
                 out.append(Grid(name=f"{prefix}/{wl}/c{lv}", source="benchmarks/results/h200-*.jsonl", configs=order,
                                 starts=starts, level=lv, noise_prior=spec_noise_prior(wl),
                                 repeats=spec_objective(wl).search_repeats))
-    # the machine's start-to-start noise at each level, from the repeats of none and ngram of a
-    # workload within one protocol (the draft model's slow path moved 2.3x between two starts: that
-    # path's, not the machine's; rounds 1-4's c=32 repeats count here, their spread being what a
-    # start's noise is): every grid of that level draws from it for its configurations recorded once
+    # the machine's start-to-start noise at each level, from the repeats of none and of the grid's
+    # n-gram proposer (the CPU one for code-h200 and chat-h200, the GPU one for its own workload)
+    # within one protocol (the draft model's slow path moved 2.3x between two starts: that path's,
+    # not the machine's; rounds 1-4's c=32 repeats count here, their spread being what a start's
+    # noise is): every grid of that level draws from it for its configurations recorded once
     for lv in levels:
-        pool = []
+        pools: dict[str | None, list[float]] = {}
+        seen = set()  # the same starts seen from several workloads (the "*" no-speculation rows) count once
         for _, rnd, _ in sets:
             for wl in workloads:
                 for obs in level_starts(rnd, wl, lv).values():
                     cfg = obs[0].config
-                    if len(obs) >= 2 and (cfg is None or cfg["method"] == "ngram"):
+                    method = cfg and cfg["method"]
+                    values = (rnd, tuple(o.levels[lv].value for o in obs))
+                    if len(obs) >= 2 and method in (None, *NGRAM_METHODS) and values not in seen:
+                        seen.add(values)
                         m = statistics.mean(o.levels[lv].value for o in obs)
-                        pool += [o.levels[lv].value / m - 1.0 for o in obs]
+                        pools.setdefault(method, []).extend(o.levels[lv].value / m - 1.0 for o in obs)
         for g in (g for g in out if g.level == lv):
-            g.noise_pool = pool
+            methods = {c["method"] for c in g.configs if c}
+            g.noise_pool = pools.get(None, []) + [x for m in NGRAM_METHODS if m in methods for x in pools.get(m, [])]
     return out
 
 

@@ -154,3 +154,27 @@ def test_the_h200_grids_get_the_gpu_budget(bench, monkeypatch):
     monkeypatch.setattr(bench, "GPU_BUDGET", 2)
     tr = bench.run_ours(g, random.Random(0))
     assert len(tr.keys) == 2 and calls and all(kw["min_gain"] == bench.SEARCH_TOLERANCE for kw in calls)
+
+
+def test_a_config_started_once_draws_the_noise_of_its_own_grids_proposer(bench, monkeypatch, tmp_path):
+    """Round 13 measured the GPU n-gram proposer as its own workload: a grid of it draws the noise
+    of its own repeats (and the baseline's), a CPU-proposer grid the CPU proposer's, and the
+    no-speculation starts written for every workload count once in each."""
+    def row(wl, cfg, tpot):
+        return {"workload": wl, "config": cfg, "protocol": "window-filled", "ok": True,
+                "levels": {"1": {"tpot": tpot}}}
+
+    def ng(method, k):
+        return {"method": method, "num_speculative_tokens": k, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+
+    rows = [row("*", None, 5.0 * 0.99), row("*", None, 5.0 * 1.01)]
+    for wl, method, dev in (("code-h200", "ngram", 0.10), ("code-h200-ngram-gpu", "ngram_gpu", 0.30)):
+        rows += [row(wl, ng(method, 4), 2.0 * (1 - dev)), row(wl, ng(method, 4), 2.0 * (1 + dev)),
+                 row(wl, ng(method, 8), 1.8)]
+    (tmp_path / "h200-points-2026-01-01-r1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monkeypatch.setattr(bench, "RESULTS", tmp_path)
+    grids = {g.name: g for g in bench.load_h200_rounds(workloads=("code-h200", "code-h200-ngram-gpu"), levels=(1,))}
+    cpu, gpu = grids["h200-r1/code-h200/c1"], grids["h200-r1/code-h200-ngram-gpu/c1"]
+    assert sorted(round(x, 6) for x in cpu.noise_pool) == [-0.1, -0.01, 0.01, 0.1]
+    assert sorted(round(x, 6) for x in gpu.noise_pool) == [-0.3, -0.01, 0.01, 0.3]
+    assert {c and c["method"] for c in gpu.configs} == {None, "ngram_gpu"}

@@ -171,7 +171,7 @@ def test_report_marks_a_benchmark_only_recommendation():
     assert "BENCHMARK ONLY, do not deploy" in text
 
 
-@pytest.mark.parametrize("name, alpha", [("code-h200", 0.8), ("chat-h200", 0.35)])
+@pytest.mark.parametrize("name, alpha", [("code-h200", 0.8), ("chat-h200", 0.35), ("code-h200-ngram-gpu", 0.8)])
 def test_gpu_specs_validate(name, alpha):
     spec = load_spec(ROOT / "benchmarks" / "gpu" / f"{name}.yaml")
     assert spec.benchmark.synthetic_acceptance.alpha == alpha
