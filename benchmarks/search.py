@@ -129,6 +129,11 @@ def load_cpu_grid(path: Path, statistic: str = "median") -> Grid | None:
                 configs=order, starts=starts, level=level, truth=truth)
 
 
+def grid_order(configs) -> list[dict | None]:
+    """A grid's configurations as its table lists them: the baseline, the n-gram proposers, the rest; by K."""
+    return sorted(configs, key=lambda c: (c is not None, c and c["method"] not in NGRAM_METHODS, k_of(c)))
+
+
 def load_h200(path: Path) -> list[Grid]:
     rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
     out = []
@@ -148,7 +153,7 @@ def load_h200(path: Path) -> list[Grid]:
             o = Observation(config=cfg, levels={conc: LevelObs(r["median_tpot_ms"], delta)}, delta=delta)
             starts.setdefault(o.key, []).append(o)
             configs[o.key] = cfg
-        order = sorted(configs.values(), key=lambda c: (c is not None, c and c["method"] not in NGRAM_METHODS, k_of(c)))
+        order = grid_order(configs.values())
         out.append(Grid(name=f"h200/c{conc}", source=str(path.relative_to(ROOT.parent)), configs=order,
                         starts=starts, level=conc))
     return out
@@ -233,8 +238,7 @@ def load_h200_rounds(workloads=("code-h200", "chat-h200", "code-h200-ngram-gpu")
                 starts = level_starts(rnd, wl, lv)
                 if "none" not in starts or len(starts) < 3:
                     continue
-                order = sorted((obs[0].config for obs in starts.values()),
-                               key=lambda c: (c is not None, c and c["method"] not in NGRAM_METHODS, k_of(c)))
+                order = grid_order(obs[0].config for obs in starts.values())
                 out.append(Grid(name=f"{prefix}/{wl}/c{lv}", source="benchmarks/results/h200-*.jsonl", configs=order,
                                 starts=starts, level=lv, noise_prior=spec_noise_prior(wl),
                                 repeats=spec_objective(wl).search_repeats))

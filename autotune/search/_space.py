@@ -22,9 +22,9 @@ NONE = "none"
 NGRAM_METHODS = ("ngram", "ngram_gpu")
 """vLLM's prompt-lookup proposers. ``ngram`` matches on the host CPU, so vLLM turns asynchronous
 scheduling off and every step waits for it; ``ngram_gpu`` (vLLM 0.25 on) matches on the GPU and
-keeps it on. On the H200 one config's start-to-start sd was 0.5-1.9% on the GPU proposer and
-6.8-8.5% on the CPU one (docs/benchmarks.md, round 12). Both take ``space.ngram``'s
-windows; each keeps its own Optuna parameters (``ngram_gpu.window``)."""
+keeps it on. Neither repeats reliably from start to start on the H200: about 10% each on one
+machine (docs/benchmarks.md, rounds 12 and 13). Both take ``space.ngram``'s windows; each keeps
+its own Optuna parameters (``ngram_gpu.window``), as their costs and acceptance counters differ."""
 
 
 def canonical(config: dict | None) -> str:
