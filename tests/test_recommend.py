@@ -18,7 +18,7 @@ import yaml
 
 from autotune.core import _files
 from autotune.decide import _recommend
-from autotune.decide._recommend import config_yaml, decide, serve_args_for, write_atomic
+from autotune.decide._recommend import comparison_lines, config_yaml, decide, serve_args_for, write_atomic
 from autotune.search._space import NONE, canonical
 from autotune.core._spec import load_spec
 from autotune.search._study import Study
@@ -673,3 +673,25 @@ def test_history_written_with_classes_adds_to_each_class(spec):
     old = {**rec, "evidence": {"statistic": "median", "noise": {"study": {"ss": 7 * 0.02 ** 2, "df": 7}}}}
     prior = _recommend.prior_noise(st, [old])  # written before the classes: its pooled figure, for both
     assert prior["none"].df == prior["speculative"].df == prior["all"].df == 7
+
+
+def test_contenders_are_the_measured_configs_the_starts_cannot_rule_out(spec):
+    """Ks a few percent apart under 8% start-to-start noise: the study's one start of the runner-up
+    cannot tell it from the winner, and the recommendation says so; a config twice as slow is no
+    contender, and with tight starts neither is one 5% slower."""
+    from autotune.core._spec import StartNoiseSpec
+
+    k5 = {**NGRAM, "num_speculative_tokens": 5}
+    trials = [*_baseline(spec), *_starts(spec, NGRAM, 10.0, [10.1, 9.9], throughput=290.0),
+              _trial(k5, _tpot(10.2), throughput=290.0, guards=spec.guards),
+              _trial(SUFFIX, _tpot(20.0), throughput=150.0, guards=spec.guards)]
+    noisy = _with(spec, objective=spec.objective.model_copy(update={"start_noise": StartNoiseSpec(cv=0.08, df=20)}))
+    ev = decide(FakeStudy(noisy, trials)).evidence
+    (c,) = ev["contenders"]
+    assert c["config"] == k5 and c["starts"] == 1 and c["measured_gap"] == pytest.approx(0.02, abs=0.005)
+    assert 0.3 < c["chance_faster"] < 0.5  # 2% slower on one start, at 8% noise: nearly a coin toss
+    assert any(line.startswith("as good as the winner as far as these starts tell") and "ngram K=5" in line
+               for line in comparison_lines(ev))
+    tight = [*_baseline(spec), *_starts(spec, NGRAM, 10.0, [10.1, 9.9, 10.05, 9.95]),
+             _trial(k5, _tpot(10.5), guards=spec.guards)]
+    assert decide(FakeStudy(spec, tight)).evidence["contenders"] == []  # 5% apart at 1% noise, 3 df: told apart

@@ -178,3 +178,55 @@ def test_a_config_started_once_draws_the_noise_of_its_own_grids_proposer(bench, 
     assert sorted(round(x, 6) for x in cpu.noise_pool) == [-0.1, -0.01, 0.01, 0.1]
     assert sorted(round(x, 6) for x in gpu.noise_pool) == [-0.3, -0.01, 0.01, 0.3]
     assert {c and c["method"] for c in gpu.configs} == {None, "ngram_gpu"}
+
+
+def test_gpu_ngram_starts_on_an_earlier_ks_kernel_are_no_grid_point(bench, monkeypatch, tmp_path):
+    """vLLM 0.25's shared compile cache hands the GPU n-gram proposer its machine's first K's
+    kernel: a later start of a larger K measured that K's drafter and is dropped; a smaller K, or
+    any start with a compile cache of its own (``summary.compile_cache``), stays."""
+    def row(at, k, cache=None, tpot=2.0):
+        cfg = None if k is None else {"method": "ngram_gpu", "num_speculative_tokens": k,
+                                      "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+        return {"workload": "code-h200-ngram-gpu", "config": cfg, "protocol": "window-filled", "ok": True,
+                "at": at, "summary": {"compile_cache": cache} if cache else {}, "levels": {"1": {"tpot": tpot}}}
+
+    rows = [row(0, None, tpot=5.0), row(1, 8), row(2, 10), row(3, 4), row(4, 9, "per-config")]
+    (tmp_path / "h200-points-2026-01-01-r1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[::-1]))
+    monkeypatch.setattr(bench, "RESULTS", tmp_path)
+    (g,) = bench.load_h200_rounds(workloads=("code-h200-ngram-gpu",), levels=(1,))
+    assert sorted(c["num_speculative_tokens"] for c in g.configs if c) == [4, 8, 9]
+
+
+def test_the_pair_ceiling_is_what_a_search_told_the_pair_could_pick(bench):
+    """Best and nearest rival 5% apart: at zero noise one start each tells them apart, every run;
+    at 10% start-to-start noise three starts each pick the rival often (no search without a prior
+    preference between the two can do better on the GPU budget), and 95% takes more than three."""
+    exact = bench.pair_ceiling(_two_configs(bench, gap=0.05, sd=0.0, starts=2), draws=400)
+    assert exact["best"] == "ngram K=1 w=1-4" and exact["rival"] == "ngram K=2 w=1-4"
+    assert exact["gap"] == pytest.approx(0.05)
+    assert exact["within_3pct_at_3_each"] == 1.0 and exact["starts_each_for_95pct"] == 1
+    noisy = bench.pair_ceiling(_two_configs(bench, gap=0.05, sd=0.10, starts=2), draws=1000)
+    assert noisy["rival"] == "ngram K=2 w=1-4"
+    assert 0.5 < noisy["within_3pct_at_3_each"] < 0.85
+    assert 3 < noisy["starts_each_for_95pct"] <= 60
+
+
+def test_no_rival_beyond_the_tolerance_means_any_pick_is_right(bench):
+    """Every configuration within 3% of the best: no pair to tell apart, the ceiling is 1."""
+    from autotune.search._predict import LevelObs, Observation
+
+    configs = [None, ngram(1), ngram(2)]
+    starts = {canonical(c): [Observation(config=c, levels={1: LevelObs(2.0 * f, None)})]
+              for c, f in zip(configs, (1.02, 1.0, 1.01))}
+    g = bench.Grid(name="h200-rX/flat/c1", source="test", configs=configs, starts=starts, level=1)
+    pc = bench.pair_ceiling(g)
+    assert pc["rival"] is None and pc["gap"] is None and pc["within_3pct_at_3_each"] == 1.0
+
+
+def test_the_gpu_reading_shows_the_pair_ceiling(bench):
+    """The per-grid GPU table carries the told-the-pair columns, from the results file's figures."""
+    r = bench.evaluate(_two_configs(bench, gap=0.05, sd=0.0, starts=2), seeds=2)
+    assert r["pair_ceiling"]["within_3pct_at_3_each"] == 1.0
+    text = bench.gpu_reading([r])
+    assert "starts each for 95%" in text
+    assert "| ngram K=1 w=1-4 vs ngram K=2 w=1-4 (+5.0%): 100% | 1 |" in text

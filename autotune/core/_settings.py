@@ -30,6 +30,15 @@ class Settings(BaseSettings):
     """What the trials run on, for the study fingerprint (default: detected, see engines._hardware)."""
     lock_dir: str | None = None
     """Where the GPU locks and server pidfiles live (default: $TMPDIR/autotune-locks, host-wide)."""
+    server_cpus: str | None = None
+    """CPUs for every server start (cpulist, e.g. ``0-11``: the accelerator's local cores, as
+    ``nvidia-smi topo -m`` lists them), so that every start runs where the last one did."""
+    client_cpus: str | None = None
+    """CPUs for the load generator (this process while it measures), apart from the server's."""
+    vllm_compile_cache: str = "per-config"
+    """``per-config``: each speculative configuration compiles into a vLLM cache of its own
+    (vLLM 0.25 reuses one K's compiled n-gram kernel for every K, see engines._engine);
+    ``shared``: vLLM's default single cache."""
     metrics_addr: str = "127.0.0.1"
     """Prometheus exporter bind address (daemon, `autotune exporter`)."""
     metrics_port: int = 9464

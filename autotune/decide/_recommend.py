@@ -286,13 +286,52 @@ def _comparisons(study, history, best) -> dict:
             d["noise"], d["borrowed"] = pooled, True
     looks = planned_looks(spec)
     conf = 1.0 - (1.0 - spec.guards.confidence) / looks
+    if win_key and not samples.get(win_key):  # unconfirmed winner: its selection start is all there is
+        samples[win_key] = start_log_values(usable_starts(by_key.get(win_key, []))[0], stat)
     b = confirmed(NONE)
     i = confirmed(inc_key) if inc else []
     w = confirmed(win_key) if win_key else []
     return {"own": own, "prior": prior["all"], "noise": pooled, "by_class": by_class, "looks": looks,
-            "confidence": conf, "B": b, "I": i, "W": w, "stat": stat,
+            "confidence": conf, "B": b, "I": i, "W": w, "stat": stat, "samples": samples,
             "classes": {"B": "none", "I": noise_class(inc_key), "W": noise_class(win_key)},
             "logs": {k: start_log_values(v, stat) for k, v in (("B", b), ("I", i), ("W", w))}}
+
+
+CONTENDER_CHANCE = 0.05
+"""A measured configuration is listed as a contender while its chance of being faster than the
+winner is at least this."""
+
+
+def contenders(c: dict, win_key: str | None, limit: int = 5) -> list[dict]:
+    """The measured configurations the study cannot rule out as faster than its winner, at its own
+    start-to-start noise: for each, its starts, its measured gap to the winner (positive: slower)
+    and the one-sided t chance that it is the faster one (each side's class noise; the winner's
+    selection start left out where it has confirmation starts, as in the decision). Ks a few
+    percent apart under about 10% start-to-start noise stay contenders after a study's few starts
+    (docs/benchmarks.md, the search benchmark's pair ceiling): the SRE sees which alternatives are
+    as good as far as the study can tell, instead of one K stated as the answer."""
+    from scipy.stats import t as t_dist
+
+    samples = c.get("samples") or {}
+    w = samples.get(win_key) or []
+    if not w:
+        return []
+    noise = {cls: d["noise"] for cls, d in c["by_class"].items()}
+    nw = noise[noise_class(win_key)]
+    out = []
+    for key, logs in samples.items():
+        if key == win_key or not logs:
+            continue
+        nc = noise[noise_class(key)]
+        if nw.df <= 0 or nc.df <= 0:
+            continue
+        d = sum(logs) / len(logs) - sum(w) / len(w)
+        se = math.sqrt(nc.sd ** 2 / len(logs) + nw.sd ** 2 / len(w))
+        chance = float(t_dist.cdf(-d / se, min(nc.df, nw.df))) if se > 0 else float(d < 0)
+        if chance >= CONTENDER_CHANCE:
+            out.append({"config": None if key == NONE else json.loads(key), "label": label(None if key == NONE else json.loads(key)),
+                        "starts": len(logs), "measured_gap": math.expm1(d), "chance_faster": chance})
+    return sorted(out, key=lambda x: -x["chance_faster"])[:limit]
 
 
 def _ci(c: dict, ref: str, cand: str):
@@ -392,6 +431,7 @@ def _decide(study, history: list[dict] | None = None) -> Decision:
     wtrials = study.trials(config_key=key)
     evidence["winner"] = _side(wtrials, statistic, c["W"])
     evidence["winner"]["config"] = cfg
+    evidence["contenders"] = contenders(c, key)
     vs_none = _ci(c, "B", "W")
     evidence["winner_vs_none"] = vs_none.to_dict() if vs_none else None
     eq = [t.user_attrs.get("equivalence", {}) for t in wtrials]
@@ -507,6 +547,10 @@ def comparison_lines(ev: dict) -> list[str]:
             for _, label, side in sides if side and side.get("tpot_ms") is not None]
     if figs:
         out.append(f"{ev.get('statistic', '')} TPOT: " + ", ".join(figs))
+    if ev.get("contenders"):
+        out.append("as good as the winner as far as these starts tell (chance of being faster): " + ", ".join(
+            f"{x['label']} {x['chance_faster']:.0%} ({x['starts']} start{'s' if x['starts'] != 1 else ''}, "
+            f"measured {x['measured_gap']:+.1%})" for x in ev["contenders"]))
     if ev.get("keep_reason"):
         out.append(f"kept because: {ev['keep_reason']}")
     skipped = (ev.get("confirmation") or {}).get("skipped")

@@ -8,6 +8,7 @@ a failed start reports vLLM's own error line instead of a timeout.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from autotune.core._files import PRIVATE, open_new, private_dir
-from autotune.engines import _recovery
+from autotune.engines import _affinity, _recovery
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +122,26 @@ def error_line(log_text: str) -> str | None:
     return found
 
 
+def compile_cache_env(config: dict | None, env: dict, home: Path, mode: str = "per-config") -> dict:
+    """vLLM's compile cache for one configuration: ``VLLM_CACHE_ROOT`` of its own per
+    speculative config (``mode`` "per-config", ``AUTOTUNE__VLLM_COMPILE_CACHE``), under the
+    spec's ``VLLM_CACHE_ROOT`` if it sets one, else under autotune's home.
+
+    vLLM 0.25 keys its AOT-compiled functions by a hash that leaves ``num_speculative_tokens``
+    out, and the GPU n-gram proposer's kernel bakes K in: a study that started ngram_gpu at K=8
+    first then loaded K=8's kernel for every other K (K=9 and 10 accepted nothing past position
+    8; with the cache off, K=10 accepted at 9 and 10). A cache per configuration keeps what a
+    repeated start of the same configuration may reuse and nothing else. "shared": vLLM's own
+    default, one cache for every start (faster first starts, the risk above)."""
+    if mode == "shared":
+        return {}
+    if mode != "per-config":
+        raise ValueError(f"AUTOTUNE__VLLM_COMPILE_CACHE: {mode!r}; use per-config or shared")
+    key = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16] if config else "none"
+    parent = Path(env["VLLM_CACHE_ROOT"]) if env.get("VLLM_CACHE_ROOT") else Path(home).absolute() / "vllm-cache"
+    return {"VLLM_CACHE_ROOT": str(parent / key)}
+
+
 @dataclass
 class VllmServer:
     """One `vllm serve` process group. Use as a context manager; always stopped on exit."""
@@ -140,6 +161,8 @@ class VllmServer:
     """the server in messages (``llama-server`` for llama.cpp: the class runs any engine's server)."""
     error_line: Callable[[str], str | None] | None = None
     """the engine's reader of its own error line in a failed start's log (default: vLLM's)."""
+    cpus: frozenset[int] | None = None
+    """the CPUs the server and its workers run on (``AUTOTUNE__SERVER_CPUS``; None: wherever the OS puts them)."""
 
     @property
     def base_url(self) -> str:
@@ -155,7 +178,8 @@ class VllmServer:
             fh.flush()
             try:
                 self.proc = subprocess.Popen(self.argv, stdout=fh, stderr=subprocess.STDOUT, env=env,
-                                             stdin=subprocess.DEVNULL, start_new_session=True)
+                                             stdin=subprocess.DEVNULL, start_new_session=True,
+                                             preexec_fn=_affinity.pinner(self.cpus))
             except OSError as e:
                 raise ServerStartError(f"cannot run {self.argv[0]!r}: {e.strerror}", self.log_path) from None
         log.info("%s started (pid %s, port %s), log %s", self.name, self.proc.pid, self.port, self.log_path)

@@ -40,7 +40,8 @@ from autotune.core._signals import StopState, graceful_stop, signame_of
 from autotune.core._spec import SpecError, find_spec, load_spec
 from autotune.core._store import Store, StoreError, safe_url
 from autotune.decide import _history, _recommend
-from autotune.engines import _recovery, _registry
+from autotune.engines import _affinity, _recovery, _registry
+from autotune.engines._engine import compile_cache_env
 from autotune.engines._probe import ProbeError
 from autotune.engines._serverlog import engine_note_lines
 from autotune.search import _preflight
@@ -150,8 +151,10 @@ def run(req: RunRequest, settings: Settings | None = None, echo: Echo | None = N
                  f"{req.if_stale_s / 3600:g}h ago); nothing to do")
             return EXIT_OK
     try:
+        _affinity.placement(settings.server_cpus, settings.client_cpus)
+        compile_cache_env(None, {}, Path(settings.home), settings.vllm_compile_cache)  # the setting's value
         _preflight.check_paths(spec)
-    except SpecError as e:
+    except (SpecError, ValueError) as e:  # ValueError: a setting (AUTOTUNE__SERVER_CPUS, ...)
         return fail(str(e), EXIT_INPUT)
     lock_dir = settings.lock_path()
     lock = FileLock(gpu_lock_path(lock_dir, settings.gpu))

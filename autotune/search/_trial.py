@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import os
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from autotune.core._spec import StudySpec
-from autotune.engines import _metrics, _registry, _serverlog
+from autotune.core._settings import get_settings
+from autotune.engines import _affinity, _metrics, _registry, _serverlog
 from autotune.engines._engine import ServerStartError, VllmServer, free_port
 from autotune.replay import _replay
 from autotune.replay._profile import ProfileRun
@@ -119,11 +121,17 @@ def measure(spec: StudySpec, config: dict | None, requests: list[ReplayRequest],
     engine = _registry.for_spec(spec)
     invariant = engine.batch_invariant(serve_args)  # else outputs only from one-at-a-time replays
     argv = engine.build_argv(command, spec.model, serve_args, run_config, port, spec.served_model_name)
-    server = VllmServer(argv=argv, port=port, log_path=log_path, env=dict(spec.engine.env),
+    settings = get_settings()
+    server_cpus, client_cpus = _affinity.placement(settings.server_cpus, settings.client_cpus)
+    env = {**spec.engine.env, **engine.server_env(run_config, dict(spec.engine.env), Path(settings.home),
+                                                  settings.vllm_compile_cache)}
+    server = VllmServer(argv=argv, port=port, log_path=log_path, env=env,
                         start_timeout_s=spec.engine.start_timeout_s, stop_timeout_s=spec.engine.stop_timeout_s,
-                        pid_dir=pid_dir, **engine.server_kwargs())
+                        pid_dir=pid_dir, cpus=server_cpus, **engine.server_kwargs())
     t0 = time.monotonic()
+    own_cpus = os.sched_getaffinity(0) if client_cpus else None  # given back after the start
     try:
+        _affinity.pin_current_thread(client_cpus)
         if on_server:
             on_server(server)
         try:
@@ -147,6 +155,8 @@ def measure(spec: StudySpec, config: dict | None, requests: list[ReplayRequest],
             raise TrialFailed(f"{engine.server} died during the replay ({died})", str(log_path), server.start_seconds)
     finally:
         server.stop()
+        if own_cpus:
+            os.sched_setaffinity(0, own_cpus)
         if on_server:
             on_server(None)
     d = _metrics.delta(before, after)
@@ -179,6 +189,11 @@ def measure(spec: StudySpec, config: dict | None, requests: list[ReplayRequest],
     summary["noise"] = within_start_noise(tpots)
     late = _settle.compiled_after(settled, log_path)
     summary["settle"] = {**{k: v for k, v in settled.items() if k != "offset"}, "compiled_after": late}
+    if engine.kind == "vllm":  # rows measured before per-config caches may hold another K's n-gram kernel
+        summary["compile_cache"] = settings.vllm_compile_cache
+    if server_cpus or client_cpus:  # which cores the start ran on, so rows of pinned and free starts stay apart
+        summary["cpus"] = {k: _affinity.format_cpulist(v) if v else None
+                           for k, v in (("server", server_cpus), ("client", client_cpus))}
     if late:
         log.warning("kernels compiled after the settle rounds, inside the measured replay: %s", late)
     return Measurement(
