@@ -318,19 +318,20 @@ def contenders(c: dict, win_key: str | None, limit: int = 5) -> list[dict]:
         return []
     noise = {cls: d["noise"] for cls, d in c["by_class"].items()}
     nw = noise[noise_class(win_key)]
+    if nw.df <= 0:
+        return []
     out = []
     for key, logs in samples.items():
-        if key == win_key or not logs:
-            continue
         nc = noise[noise_class(key)]
-        if nw.df <= 0 or nc.df <= 0:
+        if key == win_key or not logs or nc.df <= 0:
             continue
         d = sum(logs) / len(logs) - sum(w) / len(w)
         se = math.sqrt(nc.sd ** 2 / len(logs) + nw.sd ** 2 / len(w))
         chance = float(t_dist.cdf(-d / se, min(nc.df, nw.df))) if se > 0 else float(d < 0)
         if chance >= CONTENDER_CHANCE:
-            out.append({"config": None if key == NONE else json.loads(key), "label": label(None if key == NONE else json.loads(key)),
-                        "starts": len(logs), "measured_gap": math.expm1(d), "chance_faster": chance})
+            cfg = None if key == NONE else json.loads(key)
+            out.append({"config": cfg, "label": label(cfg), "starts": len(logs), "measured_gap": math.expm1(d),
+                        "chance_faster": chance})
     return sorted(out, key=lambda x: -x["chance_faster"])[:limit]
 
 

@@ -12,6 +12,7 @@ Off by default: a host without spare cores gains nothing from it.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 
@@ -35,17 +36,8 @@ def parse_cpulist(text: str, name: str) -> frozenset[int]:
 
 def format_cpulist(cpus) -> str:
     """{0, 1, 2, 5} -> ``"0-2,5"``: how a row records the placement it ran with."""
-    out, run = [], []
-    for c in sorted(cpus):
-        if run and c == run[-1] + 1:
-            run.append(c)
-            continue
-        if run:
-            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-        run = [c]
-    if run:
-        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-    return ",".join(out)
+    runs = [[c for _, c in g] for _, g in itertools.groupby(enumerate(sorted(cpus)), lambda x: x[1] - x[0])]
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
 def placement(server_cpus: str | None, client_cpus: str | None) -> tuple[frozenset[int] | None, frozenset[int] | None]:

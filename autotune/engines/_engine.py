@@ -122,6 +122,16 @@ def error_line(log_text: str) -> str | None:
     return found
 
 
+COMPILE_CACHE_MODES = ("per-config", "shared")
+
+
+def check_compile_cache(mode: str) -> str:
+    """``AUTOTUNE__VLLM_COMPILE_CACHE``'s value, or the error that names the setting."""
+    if mode not in COMPILE_CACHE_MODES:
+        raise ValueError(f"AUTOTUNE__VLLM_COMPILE_CACHE: {mode!r}; use {' or '.join(COMPILE_CACHE_MODES)}")
+    return mode
+
+
 def compile_cache_env(config: dict | None, env: dict, home: Path, mode: str = "per-config") -> dict:
     """vLLM's compile cache for one configuration: ``VLLM_CACHE_ROOT`` of its own per
     speculative config (``mode`` "per-config", ``AUTOTUNE__VLLM_COMPILE_CACHE``), under the
@@ -133,10 +143,8 @@ def compile_cache_env(config: dict | None, env: dict, home: Path, mode: str = "p
     8; with the cache off, K=10 accepted at 9 and 10). A cache per configuration keeps what a
     repeated start of the same configuration may reuse and nothing else. "shared": vLLM's own
     default, one cache for every start (faster first starts, the risk above)."""
-    if mode == "shared":
+    if check_compile_cache(mode) == "shared":
         return {}
-    if mode != "per-config":
-        raise ValueError(f"AUTOTUNE__VLLM_COMPILE_CACHE: {mode!r}; use per-config or shared")
     key = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16] if config else "none"
     parent = Path(env["VLLM_CACHE_ROOT"]) if env.get("VLLM_CACHE_ROOT") else Path(home).absolute() / "vllm-cache"
     return {"VLLM_CACHE_ROOT": str(parent / key)}

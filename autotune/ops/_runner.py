@@ -41,7 +41,7 @@ from autotune.core._spec import SpecError, find_spec, load_spec
 from autotune.core._store import Store, StoreError, safe_url
 from autotune.decide import _history, _recommend
 from autotune.engines import _affinity, _recovery, _registry
-from autotune.engines._engine import compile_cache_env
+from autotune.engines._engine import check_compile_cache
 from autotune.engines._probe import ProbeError
 from autotune.engines._serverlog import engine_note_lines
 from autotune.search import _preflight
@@ -152,7 +152,7 @@ def run(req: RunRequest, settings: Settings | None = None, echo: Echo | None = N
             return EXIT_OK
     try:
         _affinity.placement(settings.server_cpus, settings.client_cpus)
-        compile_cache_env(None, {}, Path(settings.home), settings.vllm_compile_cache)  # the setting's value
+        check_compile_cache(settings.vllm_compile_cache)
         _preflight.check_paths(spec)
     except (SpecError, ValueError) as e:  # ValueError: a setting (AUTOTUNE__SERVER_CPUS, ...)
         return fail(str(e), EXIT_INPUT)
