@@ -206,3 +206,70 @@ def test_scrape_retries_once_when_a_kept_alive_connection_was_closed():
     with pytest.raises(httpx.ConnectError):
         asyncio.run(scrape(Stale(), m.base_url))
     assert Stale.calls == 2
+
+
+# --------------------------------------------------------------------------- draft reach
+
+RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+
+
+def _h200_starts():
+    """Every recorded H200 start of one K (no band schedule), whole and per level, with its
+    file, config and per-position counters."""
+    for f in sorted(RESULTS.glob("h200-points-*.jsonl")):
+        for line in f.read_text().splitlines():
+            r = json.loads(line) if line.strip() else {}
+            cfg = r.get("config") or {}
+            if not cfg or cfg.get("num_speculative_tokens_per_batch_size"):
+                continue
+            parts = [r.get("spec_delta")] + [lv.get("spec_delta") for lv in (r.get("levels") or {}).values()]
+            for d in filter(None, parts):
+                yield f.name, r, cfg, d
+
+
+def test_draft_reach_finds_the_starts_that_ran_another_ks_kernel_and_no_other():
+    """On the H200 rows: vLLM 0.25's compile cache gave ngram_gpu K=9 and 10 (rounds 12 and 13)
+    K=8's kernel, and those starts accepted nothing past position 8; the K=10 start with the cache
+    off (round 14, "fresh-compile") accepted at 9 and 10. No other recorded start, of any method
+    and K, is flagged."""
+    from autotune.engines._metrics import draft_reach
+
+    flagged, clean_k10 = [], []
+    for name, r, cfg, d in _h200_starts():
+        k = int(cfg["num_speculative_tokens"])
+        got = draft_reach(d["accepted_per_position"], d["drafts"], k)
+        stale = cfg["method"] == "ngram_gpu" and k > 8 and name.endswith(("r12.jsonl", "r13.jsonl"))
+        assert bool(got) == stale, (name, cfg, d["accepted_per_position"], got)
+        if got:
+            assert got["position"] == 8 and got["k"] == k and got["expected_next"] > 100
+            flagged.append(k)
+        if r.get("label") == "fresh-compile":
+            clean_k10.append(d["accepted_per_position"])
+    assert sorted(set(flagged)) == [9, 10] and len(flagged) >= 9
+    assert clean_k10 and all(p[8] > 0 and p[9] > 0 for p in clean_k10)
+
+
+def test_draft_reach_lets_acceptance_that_dies_out_by_itself_be():
+    from autotune.engines._metrics import draft_reach
+
+    # few accepted near the end: zero after them is what the decay predicts
+    assert draft_reach([100, 30, 8, 2, 0, 0], 400, 6) is None
+    # the same start with a healthy count at position 3 and nothing after: cut
+    cut = draft_reach([300, 250, 200, 0, 0, 0], 400, 6)
+    assert cut == {"position": 3, "k": 6, "accepted": 200.0, "expected_next": 160.0}
+    # positions the scrape did not report count as zero; a full K or no drafts is never cut
+    assert draft_reach([300, 250, 200], 400, 6)["position"] == 3
+    assert draft_reach([300, 250, 200], 400, 3) is None and draft_reach([0, 0], 0, 2) is None
+
+
+def test_a_band_schedule_drafts_fewer_tokens_on_purpose():
+    from autotune.engines._metrics import SpecDelta
+    from autotune.search._bands import BANDS_KEY
+    from autotune.search._trial import drafted_short
+
+    d = SpecDelta(drafts=400, draft_tokens=3200, accepted_tokens=750, accepted_per_position=[300, 250, 200, 0, 0, 0, 0, 0],
+                  generated_tokens=1000, preemptions=0, server_tpot_ms_mean=None, server_itl_ms_mean=None)
+    cfg = {"method": "ngram", "num_speculative_tokens": 8}
+    assert drafted_short(cfg, d)["position"] == 3
+    assert drafted_short({**cfg, BANDS_KEY: [[1, 4, 3], [5, 32, 0]]}, d) is None
+    assert drafted_short(None, d) is None

@@ -726,3 +726,17 @@ def test_contenders_are_the_measured_configs_the_starts_cannot_rule_out(spec):
     tight = [*_baseline(spec), *_starts(spec, NGRAM, 10.0, [10.1, 9.9, 10.05, 9.95]),
              _trial(k5, _tpot(10.5), guards=spec.guards)]
     assert decide(FakeStudy(spec, tight)).evidence["contenders"] == []  # 5% apart at 1% noise, 3 df: told apart
+
+
+def test_a_winner_whose_drafts_stop_short_of_its_k_says_so(spec):
+    """A start whose drafts were never accepted past a position below K (``summary.drafts_short``:
+    vLLM 0.25 ran another K's n-gram kernel, or the drafter never agrees that far) measured a
+    smaller K than the config sets: the recommendation says in how many of the winner's starts."""
+    trials = [*_baseline(spec), *_starts(spec, NGRAM, 10.0, [10.1])]
+    assert "drafts_short" not in decide(FakeStudy(spec, trials)).evidence
+    for t in trials[-2:]:
+        t.user_attrs["measurement"]["summary"]["drafts_short"] = {"position": 3, "k": 4, "accepted": 200.0,
+                                                                  "expected_next": 150.0}
+    ev = decide(FakeStudy(spec, trials)).evidence
+    assert ev["drafts_short"] == {"starts": 2, "of": 2, "position": 3, "k": 4}
+    assert "no draft was accepted past position 3 of K=4" in "\n".join(_recommend.comparison_lines(ev))

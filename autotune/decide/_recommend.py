@@ -455,6 +455,9 @@ def _decide(study, history: list[dict] | None = None) -> Decision:
     evidence["winner"] = _side(wtrials, statistic, c["W"])
     evidence["winner"]["config"] = cfg
     evidence["contenders"] = contenders(c, key)
+    short = drafts_short(wtrials)
+    if short:
+        evidence["drafts_short"] = short
     vs_none = _ci(c, "B", "W")
     evidence["winner_vs_none"] = vs_none.to_dict() if vs_none else None
     eq = [t.user_attrs.get("equivalence", {}) for t in wtrials]
@@ -508,6 +511,18 @@ def _decide(study, history: list[dict] | None = None) -> Decision:
     return disable_or(f"inconclusive after {starts_used} starts",
                       f"inconclusive after {starts_used} confirmation starts: {label} vs {ref_name} "
                       f"{_fmt_ci(vs)}, the interval straddles {threshold:.2f}", open_=True)
+
+
+def drafts_short(trials) -> dict | None:
+    """``evidence.drafts_short``: the winner's starts in which no draft was accepted past a
+    position below its K (``summary.drafts_short``, ``_metrics.draft_reach``): either the engine
+    drafted fewer tokens than configured (vLLM 0.25's compile cache gave the GPU n-gram proposer
+    another K's kernel) or the drafter never agrees that far; either way the positions past it
+    bought nothing, and the figures are not those of the K the config sets."""
+    short = [s for t in trials if (s := ((t.user_attrs.get("measurement") or {}).get("summary") or {}).get("drafts_short"))]
+    if not short:
+        return None
+    return {"starts": len(short), "of": len(trials), "position": short[0]["position"], "k": short[0]["k"]}
 
 
 def _guard_failure(guards, ev: dict) -> str | None:
@@ -578,6 +593,11 @@ def comparison_lines(ev: dict) -> list[str]:
         out.append("as good as the winner as far as these starts tell (chance of being faster): " + ", ".join(
             f"{x['label']} {x['chance_faster']:.0%} ({x['starts']} start{'s' if x['starts'] != 1 else ''}, "
             f"measured {x['measured_gap']:+.1%})" for x in ev["contenders"]))
+    ds = ev.get("drafts_short")
+    if ds:
+        out.append(f"drafts cut short: in {ds['starts']} of {ds['of']} starts of the winner no draft was accepted "
+                   f"past position {ds['position']} of K={ds['k']} (the engine drafted fewer tokens than set, or "
+                   f"the drafter never agrees that far): K={ds['position']} would accept as much")
     if ev.get("keep_reason"):
         out.append(f"kept because: {ev['keep_reason']}")
     skipped = (ev.get("confirmation") or {}).get("skipped")

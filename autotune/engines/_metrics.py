@@ -28,6 +28,7 @@ __all__ = [
     "parse_exposition",
     "scrape",
     "delta",
+    "draft_reach",
     "DRAFTS",
     "DRAFT_TOKENS",
     "ACCEPTED_TOKENS",
@@ -231,3 +232,35 @@ def delta(before: Snapshot, after: Snapshot) -> SpecDelta:
         itl_count=(_counter_delta(before, after, ITL_HISTOGRAMS[0] + "_count")
                    if after.get(ITL_HISTOGRAMS[0] + "_count") is not None else None),
     )
+
+
+#: the accepted tokens the next position should have had before zero there counts as a cut
+DRAFT_REACH_MIN_EXPECTED = 10.0
+
+
+def draft_reach(accepted_per_position, drafts: float, k: int,
+                min_expected: float = DRAFT_REACH_MIN_EXPECTED) -> dict | None:
+    """Whether the drafts stopped short of ``k``: every position after some ``p < k`` accepted
+    nothing although position ``p`` accepted enough that the next one should have (its accepted
+    count times the conditional acceptance into ``p``, from ``p - 1``, at least ``min_expected``:
+    a zero there has Poisson chance ``exp(-min_expected)``). Returns ``{"position", "k",
+    "accepted", "expected_next"}`` (positions 1-based), else None. Why: vLLM 0.25's compile
+    cache handed a GPU n-gram proposer for K=10 the kernel compiled for K=8, which drafts 8
+    tokens into 10 slots; the start then measures K=8 under K=10's name, and nothing else in
+    the figures says so. The counters cannot tell that from a drafter that never agrees past
+    ``p`` (the tiny ``draft-p5`` misses every 5th token by construction): both are reported, and
+    in both the positions past ``p`` bought nothing. Positions the scrape did not report count
+    as zero."""
+    acc = [float(a) for a in (accepted_per_position or [])][:k]
+    if k < 2 or drafts <= 0 or not any(acc):
+        return None
+    acc += [0.0] * (k - len(acc))
+    p = max(i for i, a in enumerate(acc) if a > 0) + 1  # last position that accepted anything, 1-based
+    if p >= k:
+        return None
+    before = acc[p - 2] if p >= 2 else float(drafts)
+    expected = acc[p - 1] * min(1.0, acc[p - 1] / before) if before > 0 else 0.0
+    if expected < min_expected:
+        return None
+    return {"position": p, "k": k, "accepted": acc[p - 1], "expected_next": expected}
+

@@ -22,7 +22,7 @@ from autotune.engines._engine import ServerStartError, VllmServer, free_port
 from autotune.replay import _replay
 from autotune.replay._profile import ProfileRun
 from autotune.search import _settle
-from autotune.search._bands import run_profile_scraped, scraped_profile_run
+from autotune.search._bands import BANDS_KEY, run_profile_scraped, scraped_profile_run
 from autotune.traffic._replayset import ReplayRequest
 
 log = logging.getLogger(__name__)
@@ -196,6 +196,13 @@ def measure(spec: StudySpec, config: dict | None, requests: list[ReplayRequest],
                            for k, v in (("server", server_cpus), ("client", client_cpus))}
     if late:
         log.warning("kernels compiled after the settle rounds, inside the measured replay: %s", late)
+    reach = drafted_short(config, d)
+    if reach:
+        summary["drafts_short"] = reach
+        log.warning("no draft accepted past position %d of K=%d (%.0f accepted at %d, about %.0f expected at "
+                    "%d): the engine drafted fewer tokens than configured, or the drafter never agrees that far",
+                    reach["position"], reach["k"], reach["accepted"], reach["position"],
+                    reach["expected_next"], reach["position"] + 1)
     return Measurement(
         config=config, argv=argv, log_path=str(log_path), start_seconds=server.start_seconds or 0.0,
         wall_seconds=time.monotonic() - t0, summary=summary,
@@ -204,6 +211,14 @@ def measure(spec: StudySpec, config: dict | None, requests: list[ReplayRequest],
         outputs=outputs, tags=[t for _, t in timed], errors=[f"{r.id}: {r.error}" for r in failed][:20],
         levels=levels, engine_notes=_serverlog.scan(log_path, patterns=engine.log_patterns),
     )
+
+
+def drafted_short(config: dict | None, d: _metrics.SpecDelta) -> dict | None:
+    """``_metrics.draft_reach`` for a config with one K (a band schedule drafts fewer tokens at
+    some batch sizes on purpose)."""
+    if not config or config.get(BANDS_KEY):
+        return None
+    return _metrics.draft_reach(d.accepted_per_position, d.drafts, int(config.get("num_speculative_tokens", 0)))
 
 
 def stall_verdict(summary: dict, tpot_source: str) -> dict:
