@@ -835,7 +835,10 @@ def _repeat_options(pred: Predictor, means: dict[str, tuple[Observation, float, 
     as the machine (7% on the H200 rows between two starts of the same n-gram config, at the
     same acceptance), so a rival a few percent behind, or a best that won on one lucky start,
     is not settled by the predictor's intervals, which only judge configurations never started.
-    Each option is another start of whichever of the pair has fewer starts (the best on a tie):
+    Each option is another start of whichever of the pair has fewer starts (the best on a tie),
+    the speculative one when the best is no speculation (its repeats are the confirmation's: on
+    the H200 grid h200-r9/code-h200/c32 ngram K=7, 13% faster than none, lost to none on one slow
+    start in 8% of seeded searches and was never started again):
     (P(rival beats the best by the margin), the rival's measured low end, config to start,
     rival observation, rival mean, rival starts)."""
     out = []
@@ -847,7 +850,7 @@ def _repeat_options(pred: Predictor, means: dict[str, tuple[Observation, float, 
         se = pred.noise * m / math.sqrt(n)
         pa = _phi((target - m) / math.sqrt(se * se + se_target * se_target))
         again = best_obs if n_best <= n else o
-        if again.key in blocked:  # being measured: the other one
+        if again.key in blocked or not again.config:  # being measured, or the baseline: the other one
             again = o if again is best_obs else best_obs
         if again.key in blocked or not again.config:  # the baseline's repeats are the confirmation's
             continue
