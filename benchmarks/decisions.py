@@ -7,10 +7,12 @@ search's pick, confirmation, the decision), with noise drawn from recorded serve
   start effect ``b_s ~ N(0, sigma_b^2)`` and a request factor ``r`` drawn from the recorded
   per-request residuals (each request over its own start's median). ``sigma_b`` is fitted on
   A/A data: the pooled variance of the log per-start median of configs started several times,
-  less the part the request noise alone gives a median of that many requests. Two profiles:
+  less the part the request noise alone gives a median of that many requests. Three profiles:
   vllm-cpu (``benchmarks/results/aa-vllm-cpu.jsonl``: the same configs started 10 times each,
-  ``benchmarks/grid.py``; the grid-*.jsonl starts too) and the H200 (``h200-*.jsonl``: the
-  configs measured in more than one start);
+  ``benchmarks/grid.py``; the tiny models' grid-*.jsonl starts too), smollm2 (the SmolLM2
+  grids) and the H200 (``h200-*.jsonl``: the configs measured in more than one start); each
+  also with a heavy tail (``OUTLIERS``: one start in 20 slowed 1.42x), where the decision as
+  shipped runs beside the same decision pooling its prior regardless (``-pool``);
 - **old rule**: the decision as it was: every start of baseline and winner (selection start
   included), percentile bootstrap by start then request, CI wholly above 1 -> change, against
   no speculation only; otherwise keep, or disable when a config is deployed; confirmation one

@@ -263,4 +263,3 @@ def draft_reach(accepted_per_position, drafts: float, k: int,
     if expected < min_expected:
         return None
     return {"position": p, "k": k, "accepted": acc[p - 1], "expected_next": expected}
-
