@@ -23,6 +23,7 @@ from autotune.replay import _replay
 from autotune.replay._profile import ProfileRun
 from autotune.search import _settle
 from autotune.search._bands import BANDS_KEY, run_profile_scraped, scraped_profile_run
+from autotune.search._predict import k_of
 from autotune.traffic._replayset import ReplayRequest
 
 log = logging.getLogger(__name__)
@@ -218,7 +219,7 @@ def drafted_short(config: dict | None, d: _metrics.SpecDelta) -> dict | None:
     some batch sizes on purpose)."""
     if not config or config.get(BANDS_KEY):
         return None
-    return _metrics.draft_reach(d.accepted_per_position, d.drafts, int(config.get("num_speculative_tokens", 0)))
+    return _metrics.draft_reach(d.accepted_per_position, d.drafts, k_of(config))
 
 
 def stall_verdict(summary: dict, tpot_source: str) -> dict:
