@@ -24,6 +24,7 @@ starts), averaged over seeds. A strategy that stops with a wrong pick counts the
                                                # benchmarks/results/search.json and the table in
                                                # docs/benchmarks.md
     python benchmarks/search.py --seeds 20 --no-docs
+    python benchmarks/search.py --grids '^h200-' --noise-scale 0.78 --out /tmp/s.json   # what-if: quieter starts
 """
 
 from __future__ import annotations
@@ -101,6 +102,30 @@ class Grid:
             f = 1.0 + rng.choice(self.noise_pool)
             levels = {lv: LevelObs(x.value * f, x.delta, x.requests) for lv, x in levels.items()}
         return Observation(config=o.config, levels=levels, delta=o.delta, requests=o.requests)
+
+
+def scale_noise(grid: Grid, s: float) -> Grid:
+    """The grid as it would measure with start-to-start noise ``s`` times its own: every recorded
+    start's deviation from its configuration's mean, the noise pool and the predictor's prior cv
+    shrink by ``s``, the truth stays. What a quieter start (more steady windows per start, round
+    15 of docs/benchmarks.md) would buy the search, before anyone builds it."""
+    def shrink(o: Observation, mean: float) -> Observation:
+        x = o.levels[grid.level]
+        v = mean + s * (x.value - mean)
+        return Observation(config=o.config, levels={**o.levels, grid.level: LevelObs(v, x.delta, x.requests)},
+                           delta=o.delta, requests=o.requests)
+    starts = {k: [shrink(o, grid.truth[k]) for o in v] for k, v in grid.starts.items()}
+    prior = (grid.noise_prior[0] * s, grid.noise_prior[1]) if grid.noise_prior else None
+    return Grid(name=grid.name, source=grid.source, configs=grid.configs, starts=starts, level=grid.level,
+                truth=dict(grid.truth), noise_pool=[x * s for x in grid.noise_pool], noise_prior=prior,
+                repeats=grid.repeats)
+
+
+def noise_scales(text: str) -> dict[int | None, float]:
+    """``--noise-scale``: ``0.8`` (every level) or ``1=0.84,32=0.78`` (per level)."""
+    if "=" not in text:
+        return {None: float(text)}
+    return {int(lv): float(v) for lv, v in (item.split("=") for item in text.split(","))}
 
 
 # --------------------------------------------------------------------------- loading grids
@@ -846,8 +871,8 @@ starts at that level). "ours" is the predictor-guided search a study runs
 start-to-start noise prior of its study's spec, `benchmarks/gpu/<workload>.yaml`, as a study
 starts with it, with `objective.search_tolerance` {OURS['min_gain']:.0%} and the spec's
 `search_repeats`, on in the H200 specs, at most {GPU_BUDGET} starts on the H200 grids); "stop at" is where it stops by itself (no candidate likely to beat the best by more than
-the tolerance, the best's own noise counted, and no unmeasured neighbour of the best K plausibly
-faster), with how often its pick, the lowest mean, then is within
+the tolerance, the best's own noise counted, and no unmeasured neighbour of the best K plausibly faster, that
+noise counted too), with how often its pick, the lowest mean, then is within
 {TOLERANCE:.0%}; "before" is autotune's earlier order (each method at K_max, its acceptance knee,
 then TPE); TPE is Optuna's sampler as the study configures it; "grid" needs every configuration.
 
@@ -889,6 +914,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-prior", action="store_true",
                     help="ours without its spec's start-to-start noise prior (what it did before the H200 specs had one)")
     ap.add_argument("--budget", type=int, help="ours: at most this many server starts")
+    ap.add_argument("--noise-scale", default="1",
+                    help="what-if: every grid's start-to-start noise (and the prior's cv) times S, or per level "
+                         "'1=S1,32=S2' (implies --no-docs)")
     ap.add_argument("--min-gain", type=float, default=SEARCH_TOLERANCE,
                     help="ours: the gain worth a start (objective.search_tolerance; default %(default)s; "
                          "0: the measured noise, the stopping margin before search_tolerance)")
@@ -907,6 +935,10 @@ def main(argv=None) -> int:
     grids = [g for g in load_all() if not args.grids or re.search(args.grids, g.name)]
     for g in grids if args.no_prior else []:
         g.noise_prior = None
+    if args.noise_scale != "1":
+        scales = noise_scales(args.noise_scale)
+        grids = [scale_noise(g, scales.get(g.level, scales.get(None, 1.0))) for g in grids]
+        args.no_docs = True
     if not grids:
         print("no recorded grids found", file=sys.stderr)
         return 1

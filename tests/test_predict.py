@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -351,3 +352,26 @@ def test_a_speculative_config_that_lost_to_none_on_one_slow_start_is_started_aga
     assert "another start of ngram K=7" in st.reason and "against the best none" in st.reason
     off = next_step(obs, [ngram(7)], weights={4: 1.0}, noise_prior=(0.08, 7), min_gain=0.03, repeats=False)
     assert off.action == "stop"
+
+
+def test_a_neighbour_counts_the_bests_own_noise():
+    """h200-r10/code-h200/c32 in miniature: K=10, measured once, came out 7% fast and its knee K=8
+    8% slow, so the fitted line puts K=9 between them. Against K=10's figure as if exact, K=9 is
+    faster with 6% probability and the search stopped on K=10; but that figure is one start at
+    6.5% noise, and counting it (as ``p_beat`` does for every other candidate) opens K=9."""
+    from dataclasses import replace
+
+    w = Workload(rates=[0.8 ** i for i in range(1, 11)], coverage=0.9, base=6.9, overhead=4.0, per_k=0.5)
+    assert min(range(1, 11), key=lambda k: w.tpot(ngram(k), 4)) == 8  # the true optimum is interior
+
+    def start(k, f):
+        o = w.observe(ngram(k))
+        return replace(o, levels={4: replace(o.levels[4], value=o.levels[4].value * f)})
+
+    obs = [w.observe(None), start(10, 0.93), start(8, 1.08)]
+    st = next_step(obs, [ngram(k) for k in range(1, 11)], weights={4: 1.0}, noise_prior=(0.065, 8), min_gain=0.03)
+    assert st.action == "measure" and st.config == ngram(9) and st.reason.startswith("neighbour of the best K")
+    best_v = obs[1].levels[4].value
+    assert st.prediction.p_below(best_v) < _predict.P_NEIGHBOUR <= st.p_beat  # the best as exact: closed
+    assert st.p_beat == pytest.approx(_predict._phi((best_v - st.prediction.mean) /
+                                                    math.hypot(st.prediction.sd, 0.065 * best_v)), abs=0.03)

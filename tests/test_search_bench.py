@@ -33,7 +33,9 @@ def test_simulated_searches(bench):
     s = r["strategies"]
     assert s["grid"]["mean_starts"] == 9
     assert s["ours"]["mean_starts"] <= 5 and s["ours"]["failed"] == 0
-    assert s["ours"]["mean_starts_at_stop"] <= 6 and s["ours"]["pick_within_3pct"] == 1.0
+    # at most 6.5 starts on average before it stops: a neighbour of a best measured once stays open
+    # while that start's own noise leaves it plausibly faster (``_predict._open_neighbour``)
+    assert s["ours"]["mean_starts_at_stop"] <= 6.5 and s["ours"]["pick_within_3pct"] == 1.0
     for name in ("tpe", "random", "before"):
         assert 1 <= s[name]["mean_starts"] <= 9
     e = r["predictor_error"]
@@ -230,3 +232,19 @@ def test_the_gpu_reading_shows_the_pair_ceiling(bench):
     text = bench.gpu_reading([r])
     assert "starts each for 95%" in text
     assert "| ngram K=1 w=1-4 vs ngram K=2 w=1-4 (+5.0%): 100% | 1 |" in text
+
+
+def test_scale_noise_shrinks_every_start_toward_its_configs_mean_and_keeps_the_truth(bench):
+    """``--noise-scale``: the what-if of quieter starts moves each recorded start toward its
+    configuration's mean, scales the pool and the prior's cv, and leaves the grid's truth alone."""
+    grid, _ = synthetic_grid(bench)
+    grid.noise_pool, grid.noise_prior = [0.1, -0.2], (0.08, 5)
+    half = bench.scale_noise(grid, 0.5)
+    assert half.truth == grid.truth and half.best_key == grid.best_key
+    for key, starts in grid.starts.items():
+        for o, h in zip(starts, half.starts[key]):
+            assert h.levels[4].value - grid.truth[key] == pytest.approx(0.5 * (o.levels[4].value - grid.truth[key]))
+    assert half.noise_pool == [0.05, -0.1] and half.noise_prior == (0.04, 5)
+    assert bench.scale_noise(grid, 0.0).starts[grid.best_key][0].levels[4].value == pytest.approx(grid.best)
+    assert bench.noise_scales("0.8") == {None: 0.8}
+    assert bench.noise_scales("1=0.84,32=0.78") == {1: 0.84, 32: 0.78}

@@ -65,3 +65,20 @@ def test_trials_carry_one_stall_flag_and_both_noises(tmp_path, monkeypatch):
     last = base[-1].user_attrs["noise"]["start_to_start"]
     assert last["config_starts"] == 2 and last["config_sd_log"] > 0 and last["study_df"] >= 1
     assert base[0].user_attrs["noise"]["start_to_start"]["config_sd_log"] is None  # one start: unknown
+
+
+def test_a_profile_starts_noise_is_taken_level_by_level():
+    """Levels 2 ms and 6 ms apart: one spread over the pooled list would report the levels'
+    distance as noise; per level each is 4%, and the objective's precision weighs them."""
+    from autotune.search._trial import profile_noise
+
+    lv1, lv32 = [1.9, 2.0, 2.1, 2.0], [5.7, 6.0, 6.3, 6.0]
+    assert within_start_noise(lv1 + lv32)["cv"] > 0.5
+    levels = {"1": {"weight": 0.5, "tpot": 2.0, "tpot_ms": lv1}, "32": {"weight": 0.5, "tpot": 6.0, "tpot_ms": lv32},
+              "8": {"weight": 0.0, "tpot": None, "tpot_ms": []}}
+    n = profile_noise(levels)
+    assert n["levels"]["1"]["cv"] == pytest.approx(n["levels"]["32"]["cv"]) == pytest.approx(0.0408, abs=1e-3)
+    assert n["levels"]["8"] is None and n["n"] == 8
+    se = n["levels"]["1"]["median_se_rel"]
+    assert n["median_se_rel"] == pytest.approx(se * (1 + 9) ** 0.5 / 4)  # (1*se, 3*se) in quadrature over 4
+    assert profile_noise({"1": {"weight": 1.0, "tpot": None, "tpot_ms": [2.0]}}) is None

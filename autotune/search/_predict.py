@@ -28,8 +28,8 @@ than the gain worth a start (``min_gain``: a study passes ``objective.search_tol
 well as the candidate's interval), the one with the lowest plausible TPOT (its interval's low end);
 when no candidate is that likely, stop, except while a neighbour of the best K (K-1 or K+1 of the
 same method and knobs) is unmeasured and has at least ``P_NEIGHBOUR`` probability of being faster
-than the best at all: an interior optimum is often one K away from where the fit put it, and a
-single measured start of the best is itself noisy. With ``repeats`` (experimental,
+than the best at all, the best's own noise counted: an interior optimum is often one K away from
+where the fit put it, and a single measured start of the best is itself noisy. With ``repeats`` (experimental,
 ``objective.search_repeats``) a measured rival that may still beat the best by the margin gets
 another start too (of whichever of the pair has fewer). The measurement noise is the start-to-start
 noise the study observed on repeated starts, pooled with a prior (the spec's recorded A/A figure,
@@ -798,7 +798,8 @@ def next_step(observations: Sequence[Observation], candidates: Sequence[dict], *
     top_p = max([s[1] for s in scored] + [a[0] for a in again])
     if top_p < p_stop:
         weighted = " traffic-weighted over the levels" if len(pred.weights) > 1 else ""
-        nb = _open_neighbour(pred, best_obs, best_v, eligible, measured | failed | skip, p_neighbour)
+        nb = _open_neighbour(pred, best_obs, best_v, eligible, measured | failed | skip, p_neighbour,
+                             se_best=pred.noise * best_v / math.sqrt(n_best))
         if nb is not None:
             cfg, p, pb = nb
             return Step("measure", cfg, prediction=p, p_beat=pb, table=table,
@@ -889,9 +890,12 @@ def _knee_step(observations: Sequence[Observation], candidates: Sequence[dict], 
 
 
 def _open_neighbour(pred: Predictor, best_obs: Observation, best_v: float, eligible: Sequence[dict],
-                    done: set[str], p_min: float) -> tuple[dict, Prediction, float] | None:
+                    done: set[str], p_min: float, se_best: float = 0.0) -> tuple[dict, Prediction, float] | None:
     """The unmeasured K-1 or K+1 of the best configuration (same method and knobs, no bands) most
-    likely to be faster than it, if that probability is at least ``p_min``."""
+    likely to be faster than it, if that probability is at least ``p_min``. ``se_best``: the
+    standard error of the best's own figure (a mean of few noisy starts), counted beside the
+    neighbour's interval as ``p_beat`` counts it: a best measured once on a fast start otherwise
+    looks surer than it is, and its neighbours closed."""
     cfg = best_obs.config
     if not cfg or cfg.get(BANDS):
         return None
@@ -901,6 +905,9 @@ def _open_neighbour(pred: Predictor, best_obs: Observation, best_v: float, eligi
         if group_key(c) != g or c.get(BANDS) or abs(k_of(c) - k) != 1 or canonical(c) in done:
             continue
         p = pred.predict(c)
-        if p is not None and p.p_below(best_v) >= p_min:
-            out.append((c, p, p.p_below(best_v)))
+        if p is None:
+            continue
+        pb = _phi((best_v - p.mean) / math.sqrt(p.sd ** 2 + se_best ** 2))
+        if pb >= p_min:
+            out.append((c, p, pb))
     return max(out, key=lambda x: x[2], default=None)

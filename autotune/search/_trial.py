@@ -187,7 +187,7 @@ def measure(spec: StudySpec, config: dict | None, requests: list[ReplayRequest],
     tpots = [v for v, _ in timed]
     source = "mixed" if mixed else "server" if n_engine else "client"
     summary = stall_verdict(run.summary(spec.objective.statistic), source)
-    summary["noise"] = within_start_noise(tpots)
+    summary["noise"] = profile_noise(levels) if levels else within_start_noise(tpots)
     late = _settle.compiled_after(settled, log_path)
     summary["settle"] = {**{k: v for k, v in settled.items() if k != "offset"}, "compiled_after": late}
     if engine.kind == "vllm":  # rows measured before per-config caches may hold another K's n-gram kernel
@@ -244,7 +244,9 @@ def within_start_noise(tpots: list[float]) -> dict | None:
     """How much one start's per-request TPOT varies (``cv``) and how precisely that start's median
     is known (``median_se_rel``: the relative standard error of a median, 1.2533 * sd / sqrt(n)
     over the mean). Set beside the start-to-start noise (``search.start_noise`` of the study):
-    when starts differ by far more than this, more requests per start buy nothing, more starts do."""
+    when starts differ by far more than this, more requests per start buy nothing, more starts do.
+    Requests of one steady window share that window's pace, so this is the window's precision,
+    not the start's (``profile_noise``)."""
     vals = [v for v in tpots if v is not None and v > 0]
     if len(vals) < 2:
         return None
@@ -252,6 +254,22 @@ def within_start_noise(tpots: list[float]) -> dict | None:
     mean = sum(vals) / n
     sd = (sum((v - mean) ** 2 for v in vals) / (n - 1)) ** 0.5
     return {"n": n, "cv": sd / mean, "median_se_rel": 1.2533 * sd / mean / n ** 0.5}
+
+
+def profile_noise(levels: dict[str, dict]) -> dict | None:
+    """``within_start_noise`` of a profile start, level by level: its levels' TPOTs differ by
+    design (2 ms at 1 against 6 ms at 32 on the H200), so one spread over the pooled list would
+    measure the levels' distance, not the noise. ``median_se_rel`` is that of the weighted
+    objective (each level's absolute standard error, weighted, in quadrature, over the weighted
+    sum). A lower bound of the start's own uncertainty: on the H200, whole steady windows of
+    one server differ by 5-6% (round 15, docs/benchmarks.md), far more than this."""
+    per = {lv: within_start_noise(d.get("tpot_ms") or []) for lv, d in levels.items()}
+    known = [(d["weight"], d["tpot"], per[lv]) for lv, d in levels.items() if per[lv] and d.get("tpot")]
+    if not known:
+        return None
+    total = sum(w * t for w, t, _ in known)
+    se = sum((w * t * n["median_se_rel"]) ** 2 for w, t, n in known) ** 0.5 / total
+    return {"n": sum(n["n"] for _, _, n in known), "median_se_rel": se, "levels": per}
 
 
 def request_tpot(r) -> tuple[float | None, str]:

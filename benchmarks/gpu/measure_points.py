@@ -11,6 +11,13 @@ recorded in ``run_config``), exactly as in a study trial.
         --configs '[null, {"method": "ngram", "num_speculative_tokens": 4, ...}]' \
         --out $OUT/grid.jsonl [--done $OUT/trials.jsonl] [--label patched] [--log-dir /tmp/h200/logs]
     python benchmarks/gpu/measure_points.py SPEC --grid ngram:1,2,4,8 draft_model:1,2 --out ...
+
+``--windows N`` measures every start N times, one steady window after another on the same server
+(``row["windows"]``: each window's time and per-level TPOT and acceptance length): the first
+window is the row's measurement, as in any start; the others replay fresh prompts of the same
+shape (``--windows-replay``), so no prefix-cache hit flatters them. Windows of one start against
+starts of one configuration tell noise that drifts with time on the machine from noise that a
+start carries for its whole life.
 """
 
 from __future__ import annotations
@@ -32,7 +39,8 @@ from autotune.core._signals import graceful_stop  # noqa: E402
 from autotune.search._space import SearchSpace, canonical  # noqa: E402
 from autotune.core._spec import load_spec  # noqa: E402
 from autotune.search._study import reserve_requests, split_requests  # noqa: E402
-from autotune.search._trial import TrialFailed, measure  # noqa: E402
+from autotune.search import _trial  # noqa: E402
+from autotune.search._trial import TrialFailed, measure, request_tpot  # noqa: E402
 
 # server-log lines worth keeping beside a row: how the drafter and the graphs were set up
 LOG_PATTERNS = re.compile(r"cuda ?graph|cudagraph|eager|falling back|fall back|drafter|draft model|draft_model|"
@@ -88,6 +96,54 @@ def log_lines(path: Path, limit: int = 60) -> list[str]:
     return hits if len(hits) <= limit else hits[: limit - 25] + ["..."] + hits[-25:]
 
 
+def window_figures(run) -> dict:
+    """One window's per-level median engine TPOT, requests in its steady window and, from the
+    level's counter delta, its acceptance length."""
+    out = {}
+    for lv, d in run.level_details(request_tpot, "median").items():
+        sd = (d.get("spec_delta") or {})
+        drafts, acc = sd.get("drafts") or 0, sd.get("accepted_tokens") or 0
+        out[lv] = {"tpot": d.get("tpot"), "in_window": d.get("in_window"),
+                   "acceptance_length": round(1 + acc / drafts, 4) if drafts else None}
+    return out
+
+
+def repeat_windows(n: int, slices: list[tuple[list, list, list]], record: list[dict]):
+    """Make ``_trial.measure`` replay ``n`` windows on its server: the first on the requests it
+    was given (its result is the start's measurement), window i on ``slices[i - 1]`` (warm-up,
+    measured, reserve). Each window's figures are appended to ``record``."""
+    original = _trial._replay_with_scrape
+
+    async def replay(base_url, model, requests, warmup, spec, log_path=None, reserve=None):
+        first = None
+        for i in range(n):
+            w, r, res = (warmup, requests, reserve) if i == 0 else slices[(i - 1) % len(slices)]
+            t0 = time.time()
+            got = await original(base_url, model, r, w, spec, log_path, res)
+            record.append({"window": i, "t0": round(t0, 2), "t1": round(time.time(), 2),
+                           "levels": window_figures(got[0])})
+            print(f"  window {i}: " + ", ".join(f"c={lv} {d['tpot'] and round(d['tpot'], 3)} ms"
+                                                for lv, d in record[-1]["levels"].items()), flush=True)
+            first = first or got
+        return first
+
+    _trial._replay_with_scrape = replay
+    return original
+
+
+def window_slices(path: Path, spec, per: int = 300) -> list[tuple[list, list, list]]:
+    """Fresh (warm-up, measured, reserve) sets of ``per`` requests each from the replay file at
+    ``path`` (written by make_replay.py with another seed when missing)."""
+    if not path.exists():
+        import subprocess
+        subprocess.run([sys.executable, str(ROOT / "benchmarks/gpu/make_replay.py"), str(path), "--n", "2400",
+                        "--seed", "1"], check=True)
+    reqs = _replayset.load(str(path)).requests
+    per = min(per, len(reqs))
+    w, n = spec.replay.warmup, spec.replay.requests or 96
+    return [(c[:w], c[w:w + n], c[w + n:]) for c in (reqs[i:i + per] for i in range(0, len(reqs) - per + 1, per))]
+
+
 def main(argv=None) -> int:
     with graceful_stop():
         return _main(argv)
@@ -113,6 +169,10 @@ def _main(argv=None) -> int:
                     help=f"count only --done rows measured under this protocol ({PROTOCOL!r}: filled windows)")
     ap.add_argument("--starts", type=int, default=1,
                     help="measure each config until it has this many measured starts (grid: counting --done rows)")
+    ap.add_argument("--windows", type=int, default=1,
+                    help="steady windows per start, one after another on the same server (the first is the row's)")
+    ap.add_argument("--windows-replay", default="/tmp/h200/replay-windows.jsonl",
+                    help="fresh prompts for windows 2..N (written when missing)")
     args = ap.parse_args(argv)
 
     t_start = time.monotonic()
@@ -128,6 +188,9 @@ def _main(argv=None) -> int:
         method, ks = item.split(":")
         configs += [space.config_from_params(space.params_for(method, int(k))) for k in ks.split(",")]
     rs = _replayset.load(spec.replay.path)
+    windows: list[dict] = []
+    if args.windows > 1:
+        repeat_windows(args.windows, window_slices(Path(args.windows_replay), spec), windows)
     warmup, search, _ = split_requests(spec, rs)
     reserve = reserve_requests(spec, rs) if spec.replay.mode == "profile" else []
     out = Path(args.out)
@@ -155,6 +218,7 @@ def _main(argv=None) -> int:
                **({"protocol": PROTOCOL, "reserve": len(reserve)} if reserve else {}),
                "at": time.time()}
         t0 = time.monotonic()
+        windows.clear()
         try:
             m = measure(spec, cfg, search, warmup, log, command,
                         extra_args=caps.per_request_metrics_args(cfg is not None), reserve=reserve)
@@ -164,6 +228,8 @@ def _main(argv=None) -> int:
         except TrialFailed as e:
             row.update(ok=False, error=e.reason)
         took.append(time.monotonic() - t0)
+        if args.windows > 1:
+            row["windows"] = list(windows)
         row["log_lines"] = log_lines(log)
         with out.open("a") as fh:
             fh.write(json.dumps(row, default=str) + "\n")

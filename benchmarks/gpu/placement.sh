@@ -7,7 +7,9 @@
 #
 # ARMS: a string of F (free), P (pinned) and N (free, vLLM's compile cache off:
 # VLLM_DISABLE_COMPILE_CACHE=1, so the start compiles its own graphs), in order ("FPFP"); a start begins only when the
-# longest start so far (170 s before the first) fits in SECONDS. Rows go to points.jsonl under
+# longest start so far (FIRST_START_S, default 170 s, before the first) fits in SECONDS. WINDOWS=N in
+# the environment measures N steady windows per start (measure_points.py --windows): the time a
+# start lives against the start itself. Rows go to points.jsonl under
 # the labels placement-free / placement-pinned (out of every grid); a sampler writes every 2 s
 # the GPU's clocks, power and temperature and the busiest threads with the CPU each last ran on
 # (host-samples.log), and topology.txt says which CPU is on which node and core.
@@ -31,7 +33,7 @@ cat $R/results/topology.txt
   done >> $R/results/host-samples.log ) &
 SAMPLER=$!
 trap 'kill $SAMPLER 2>/dev/null' EXIT
-longest=170
+longest=${FIRST_START_S:-170}
 for arm in $(echo "$ARMS" | grep -o .); do
   left=$(( SECONDS_MAX - ($(date +%s) - T0) ))
   if [ "$left" -lt "$longest" ]; then echo "[placement] $left s left < $longest s: stop"; break; fi

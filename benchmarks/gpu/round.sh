@@ -20,7 +20,8 @@
 #                               longest, so the first step of a study is best sized by hand)
 #   points:WORKLOAD:LABEL:JSON  measure the speculative configs of JSON (a list) once each, in order (a
 #                               config listed twice is started twice); DEADLINE_S=N in the environment:
-#                               begin a start only when the step's longest start so far fits in N s
+#                               begin a start only when the step's longest start so far fits in N s;
+#                               WINDOWS=N: N steady windows per start (measure_points.py --windows)
 #   grid:WORKLOAD:SECONDS:ITEMS[:STARTS]
 #                               measure grid points not measured yet (ITEMS: none,ngram=1/2/4,...),
 #                               ending within SECONDS: a point begins only when the step's longest
@@ -93,7 +94,8 @@ for step in "$@"; do
       export_trials; tail -20 $R/results/trials.txt ;;
     points)
       python3 benchmarks/gpu/measure_points.py benchmarks/gpu/"$a".yaml --label "$b" --configs "$c" \
-        ${DEADLINE_S:+--deadline-s "$DEADLINE_S"} --out $R/results/points.jsonl --log-dir $R/logs 2>&1 | tee -a $R/results/points.out
+        ${DEADLINE_S:+--deadline-s "$DEADLINE_S"} ${WINDOWS:+--windows "$WINDOWS"} \
+        --out $R/results/points.jsonl --log-dir $R/logs 2>&1 | tee -a $R/results/points.out
       export_trials ;;
     grid)
       earlier=$(ls benchmarks/results/h200-{trials,points,methods}-*.jsonl)
