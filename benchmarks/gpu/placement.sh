@@ -7,7 +7,7 @@
 #
 # ARMS: a string of F (free), P (pinned) and N (free, vLLM's compile cache off:
 # VLLM_DISABLE_COMPILE_CACHE=1, so the start compiles its own graphs), in order ("FPFP"); a start begins only when the
-# longest start so far (FIRST_START_S, default 170 s, before the first) fits in SECONDS. WINDOWS=N in
+# longest start so far, and at least FIRST_START_S (default 170 s), fits in SECONDS. WINDOWS=N in
 # the environment measures N steady windows per start (measure_points.py --windows): the time a
 # start lives against the start itself. Rows go to points.jsonl under
 # the labels placement-free / placement-pinned (out of every grid); a sampler writes every 2 s
