@@ -54,3 +54,18 @@ def test_round_15_rows_starts_differ_beyond_their_windows_at_both_levels(wn):
         assert d["windows"] == 54 and d["p"] < 1e-4
         assert 0.04 < d["within"] < 0.07 and 0.04 < d["between"] < 0.08
         assert len(d["start_means_ms"]["free"]) == len(d["start_means_ms"]["pinned"]) == 4
+        wi = d["window_index"]  # the six 8-window starts; window i ran the same prompts in each
+        assert wi["starts"] == 6 and wi["windows"] == 8 and wi["residual_df"] == 35
+        assert wi["residual_sd"] < d["within"] + 1e-9 and math.prod(wi["effects"]) == pytest.approx(1, abs=1e-3)
+    assert res["levels"]["1"]["window_index"]["p"] < 0.05 < res["levels"]["32"]["window_index"]["p"]
+
+
+def test_index_effects_find_a_window_that_is_slow_in_every_start(wn):
+    rng = random.Random(5)
+    g = groups(rng, 8, 6, between=0.05, within=0.01)
+    for row in g:
+        row[2] += math.log(1.1)
+    wi = wn.index_effects(g)
+    assert wi["effects"][2] == pytest.approx(1.1 / 1.1 ** (1 / 6), rel=0.02) and wi["p"] < 1e-6
+    assert wi["residual_sd"] == pytest.approx(0.01, rel=0.3)
+    assert wn.index_effects([[0.0, 0.1], [0.1, 0.0]]) is None

@@ -261,8 +261,9 @@ def profile_noise(levels: dict[str, dict]) -> dict | None:
     design (2 ms at 1 against 6 ms at 32 on the H200), so one spread over the pooled list would
     measure the levels' distance, not the noise. ``median_se_rel`` is that of the weighted
     objective (each level's absolute standard error, weighted, in quadrature, over the weighted
-    sum). A lower bound of the start's own uncertainty: on the H200, whole steady windows of
-    one server differ by 5-6% (round 15, docs/benchmarks.md), far more than this."""
+    sum). A lower bound of the start's own uncertainty: on the H200 a window's median is known to
+    2-3% this way, while whole steady windows of one server differ by 5-6% (round 15,
+    docs/benchmarks.md)."""
     per = {lv: within_start_noise(d.get("tpot_ms") or []) for lv, d in levels.items()}
     known = [(d["weight"], d["tpot"], per[lv]) for lv, d in levels.items() if per[lv] and d.get("tpot")]
     if not known:

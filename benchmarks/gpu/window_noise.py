@@ -13,7 +13,8 @@ measured on W windows, sqrt(between^2 + within^2 / W), and ``scale[W]`` its rati
 the factor ``benchmarks/search.py --noise-scale`` applies to the recorded one-window starts.
 Also: the lag-1 autocorrelation of windows within a start (noise that drifts slowly shows up
 as a positive one), the correlation of a window's TPOT with its acceptance length and with the
-GPU's SM clock (``windows[].gpu``), and the starts' means by arm (pinned or free).
+GPU's SM clock (``windows[].gpu``), the starts' means by arm (pinned or free), and the window
+index's own effect (``index_effects``: window i replays the same prompts in every start).
 """
 
 from __future__ import annotations
@@ -46,6 +47,26 @@ def components(groups: list[list[float]]) -> dict:
             "scale": {**{str(w): v / per[1] for w, v in per.items()}, "inf": between / per[1]}}
 
 
+def index_effects(groups: list[list[float]]) -> dict | None:
+    """Starts of equal window counts, window i of every start on the same prompts: how much each
+    window index sits off its start's mean (exp of the mean log deviation), the F test of the
+    index against the residual (two-way, no interaction), and the residual sd: the window part
+    with the prompts' own effect taken out."""
+    from scipy import stats
+
+    n = max((len(g) for g in groups), default=0)
+    g = [x for x in groups if len(x) == n]
+    if len(g) < 3 or n < 3:
+        return None
+    dev = [[x - statistics.mean(row) for x in row] for row in g]
+    eff = [statistics.mean(d[j] for d in dev) for j in range(n)]
+    ss_res = sum((d[j] - eff[j]) ** 2 for d in dev for j in range(n))
+    df_res, df_idx = (len(g) - 1) * (n - 1), n - 1
+    f = (len(g) * sum(e * e for e in eff) / df_idx) / (ss_res / df_res)
+    return {"starts": len(g), "windows": n, "effects": [round(math.exp(e), 4) for e in eff], "f": f,
+            "p": float(stats.f.sf(f, df_idx, df_res)), "residual_sd": math.sqrt(ss_res / df_res), "residual_df": df_res}
+
+
 def lag1(groups: list[list[float]]) -> float | None:
     num = den = 0.0
     for g in groups:
@@ -68,6 +89,7 @@ def analyse(rows: list[dict]) -> dict:
                       (w.get("gpu") or {}).get("sm_clock_mhz")) for w in ws]
         d = components(groups)
         d["lag1_autocorrelation"] = lag1(groups)
+        d["window_index"] = index_effects(groups)
         for name, i in (("corr_acceptance_length", 1), ("corr_sm_clock", 2)):
             pairs = [(t[0], t[i]) for t in flat if t[i] is not None]
             d[name] = statistics.correlation(*zip(*pairs)) if len(pairs) > 2 else None
@@ -104,6 +126,11 @@ def main(argv=None) -> int:
     print(table(res))
     for lv, d in res["levels"].items():
         print(f"c={lv}: start means {d['start_means_ms']}; first window / the rest {d['first_window_over_rest']}")
+        wi = d["window_index"]
+        if wi:
+            print(f"c={lv}: window index over {wi['starts']} starts of {wi['windows']} windows: {wi['effects']} "
+                  f"(F {wi['f']:.2f}, p {wi['p']:.2g}); without it the window sd is {wi['residual_sd']:.1%} "
+                  f"({wi['residual_df']} df)")
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
     return 0
