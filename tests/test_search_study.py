@@ -93,8 +93,9 @@ def test_predictor_search_finds_the_grid_winner_and_stops_by_itself(tmp_path, mo
     assert truth[best.user_attrs["config"]["num_speculative_tokens"]] <= min(truth.values()) * 1.03
     search = [t for t in study.trials() if t.user_attrs["role"] in ("baseline", "search")]
     # the grid: 9 configurations; baseline, K_max, its acceptance knee, the predicted best, and its
-    # neighbours checked
-    assert len(search) <= 6, [t.user_attrs["config_key"] for t in search]
+    # neighbours checked (both of them here: the best was measured once, at the default 3% noise,
+    # so a neighbour predicted within that noise of it stays open)
+    assert len(search) <= 7, [t.user_attrs["config_key"] for t in search]
     assert outcome.stopped_because.startswith("predictor: no remaining candidate")
     chosen = [t for t in search if "predicted_tpot_ms" in t.user_attrs]
     assert chosen, "the predictor chose no start"

@@ -33,8 +33,11 @@ def trials(tmp_path: Path) -> list[optuna.trial.FrozenTrial]:
 
 
 def test_code_study_recommends_speculation(make_spec, tmp_path):
+    # room for the spec's further confirmation rounds (objective.confirm_max_starts): one start far
+    # off its config's other (a stall on this shared host) leaves a class's prior contradicted and
+    # its interval on 1 df, and the decision open for another round, as designed
     spec = make_spec("code", space__methods=["ngram"], space__k={"min": 2, "max": 8},
-                     budget__max_trials=2, budget__max_server_starts=4, objective__confirm_starts=1)
+                     budget__max_trials=2, budget__max_server_starts=8, objective__confirm_starts=1)
     proc = run_cli(spec, tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rec = json.loads((tmp_path / "recommendations" / "code.json").read_text())
@@ -47,12 +50,13 @@ def test_code_study_recommends_speculation(make_spec, tmp_path):
     assert ev["speedup_ci"][0] > 1.0 and ev["speedup"] > 1.3
     assert ev["equivalence"]["compared"] >= 32 and ev["equivalence"]["matched"] == ev["equivalence"]["compared"]
     assert ev["winner"]["acceptance_length"] > 3
-    assert ev["baseline"]["server_starts"] == 2 and ev["winner"]["server_starts"] == 2
+    starts = ev["baseline"]["server_starts"]  # one start each per confirmation round, interleaved
+    assert starts >= 2 and ev["winner"]["server_starts"] == starts
     assert rec["measured_argv"][-1] == json.dumps(rec["speculative_config"], sort_keys=True)
     ts = trials(tmp_path)
     roles = [(t.user_attrs["role"], t.user_attrs["config_key"], t.state.name) for t in ts]
     assert roles[0] == ("baseline", "none", "COMPLETE")
-    assert sum(1 for t in ts if t.user_attrs.get("server_starts")) == 4
+    assert sum(1 for t in ts if t.user_attrs.get("server_starts")) == 2 * starts
     base = ts[0].user_attrs["measurement"]
     assert len(base["tpot_ms"]) == 32 and base["spec_delta"]["acceptance_length"] is None
     assert ts[1].user_attrs["measurement"]["spec_delta"]["accepted_per_position"][0] > 0
@@ -63,10 +67,10 @@ def test_code_study_recommends_speculation(make_spec, tmp_path):
     assert "eager" in notes["baseline"] and "eager" not in notes["not_in_baseline"]
     assert "engine: async scheduling disabled" in proc.stdout
 
-    # rerun on the same inputs resumes the study: budget spent, no new server start
+    # rerun on the same inputs resumes the study: searched and decided, no new server start
     again = run_cli(spec, tmp_path)
     assert again.returncode == 0, again.stderr
-    assert len([t for t in trials(tmp_path) if t.user_attrs.get("server_starts")]) == 4
+    assert len([t for t in trials(tmp_path) if t.user_attrs.get("server_starts")]) == 2 * starts
 
 
 def test_incumbent_that_is_already_the_best_config_is_kept(make_spec, tmp_path):
