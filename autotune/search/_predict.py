@@ -456,8 +456,9 @@ class Prediction:
     def sd(self) -> float:
         return max((self.hi - self.lo) / (2 * Z90), 1e-6 * max(self.mean, 1e-9))
 
-    def p_below(self, target: float) -> float:
-        return _phi((target - self.mean) / self.sd)
+    def p_below(self, target: float, target_se: float = 0.0) -> float:
+        """P(this config's TPOT < ``target``), ``target_se``: the target's own standard error."""
+        return _phi((target - self.mean) / math.sqrt(self.sd ** 2 + target_se ** 2))
 
     def expected_improvement(self, target: float) -> float:
         z = (target - self.mean) / self.sd
@@ -758,7 +759,7 @@ def next_step(observations: Sequence[Observation], candidates: Sequence[dict], *
     se_target = pred.noise * target / math.sqrt(n_best)
 
     def p_beat(p: Prediction) -> float:
-        return _phi((target - p.mean) / math.sqrt(p.sd ** 2 + se_target ** 2))
+        return p.p_below(target, se_target)
     seen_groups = {group_key(o.config) for o in observations if o.config}
     eligible = []
     by_group: dict[str, list[dict]] = {}
@@ -907,7 +908,7 @@ def _open_neighbour(pred: Predictor, best_obs: Observation, best_v: float, eligi
         p = pred.predict(c)
         if p is None:
             continue
-        pb = _phi((best_v - p.mean) / math.sqrt(p.sd ** 2 + se_best ** 2))
+        pb = p.p_below(best_v, se_best)
         if pb >= p_min:
             out.append((c, p, pb))
     return max(out, key=lambda x: x[2], default=None)
