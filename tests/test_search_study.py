@@ -107,6 +107,26 @@ def test_predictor_search_finds_the_grid_winner_and_stops_by_itself(tmp_path, mo
     assert [t.user_attrs["role"] for t in study.trials(role="confirm")] == ["confirm", "confirm"]
 
 
+def test_every_start_measures_the_same_further_windows(tmp_path, monkeypatch):
+    """``replay.windows: 2``: the study hands every start, baseline, search and confirmation alike,
+    the same second window (warm-up and measured requests of their own, none of the first's)."""
+    spec = make_spec(tmp_path)
+    spec = spec.model_copy(update={"replay": spec.replay.model_copy(update={"windows": 2})})
+    inner, seen = fake_measure(Workload(rates=RATES)), []
+
+    def measure(spec, config, requests, warmup, *a, windows=None, **kw):
+        seen.append((requests[0].id, [[r.id for r in part] for w in windows for part in w]))
+        return inner(spec, config, requests, warmup, *a, **kw)
+
+    caps = Capabilities(version="0.32.0", methods=["ngram"], fields=FIELDS, arctic_inference=False)
+    monkeypatch.setattr(_study, "measure", measure)
+    _study.Study(spec, caps, SearchSpace.build(spec.space, caps), spec.storage, ["vllm", "serve"],
+                 tmp_path / "home").run()
+    firsts = {first for first, _ in seen}
+    assert firsts == {"r4", "r28"} and len(seen) >= 4  # search and confirmation requests
+    assert all(w == [[f"r{i}" for i in range(52, 56)], [f"r{i}" for i in range(56, 80)]] for _, w in seen)
+
+
 def test_grid_and_tpe_modes_still_search(tmp_path, monkeypatch):
     w = Workload(rates=RATES)
     study, outcome, fm = run_study(tmp_path, monkeypatch, w, make_spec(tmp_path, search="grid"))

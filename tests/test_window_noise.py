@@ -69,3 +69,21 @@ def test_index_effects_find_a_window_that_is_slow_in_every_start(wn):
     assert wi["effects"][2] == pytest.approx(1.1 / 1.1 ** (1 / 6), rel=0.02) and wi["p"] < 1e-6
     assert wi["residual_sd"] == pytest.approx(0.01, rel=0.3)
     assert wn.index_effects([[0.0, 0.1], [0.1, 0.0]]) is None
+
+
+def test_the_products_own_windows_read_like_the_harness(wn):
+    """Rows of ``replay.windows`` (the trial's ``summary.windows``; benchmarks/grid.py copies it to
+    the row) analyse like the harness's: per level for a profile, at the row's concurrency else."""
+    prof = {"ok": True, "config_key": "k", "summary": {"windows": {
+        "n": 2, "objective_ms": [3.0, 3.3], "levels": {"1": [2.0, 2.2], "32": [6.0, 6.6]}}}}
+    assert wn.windows_of(prof) == [{"levels": {"1": {"tpot": 2.0}, "32": {"tpot": 6.0}}},
+                                   {"levels": {"1": {"tpot": 2.2}, "32": {"tpot": 6.6}}}]
+    rng = random.Random(6)
+    rows = [{"ok": True, "config_key": "k", "concurrency": 4,
+             "windows": {"n": 3, "objective_ms": [math.exp(x) for x in g]}}
+            for g in groups(rng, 40, 3, between=0.0, within=0.08)]
+    res = wn.analyse(rows + [{"ok": True, "config_key": "k", "concurrency": 4, "windows": None}])
+    assert res["rows"] == 40 and list(res["levels"]) == ["4"]
+    d = res["levels"]["4"]
+    assert d["windows"] == 120 and d["within"] == pytest.approx(0.08, rel=0.2) and d["corr_sm_clock"] is None
+    assert "| c=4 | 40 (120) |" in wn.table(res)

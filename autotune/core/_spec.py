@@ -69,6 +69,13 @@ class ReplaySpec(_Model):
         default=None, ge=1, description="profile mode: fewest output tokens the requests inside a level's steady "
                                         "window must generate (default: no token minimum); filled and flagged like "
                                         "min_in_window")
+    windows: int = Field(
+        default=1, ge=1, le=16,
+        description="experimental: steady windows measured one after another in each server start, each on fresh "
+                    "requests of the replay set (the same ones in every start), pooled into the start's figures. "
+                    "Windows of one server differ by 5-6% on an H200 (docs/benchmarks.md, round 15): N windows cut "
+                    "that part of a start's noise by sqrt(N) for seconds each, where another start costs minutes. "
+                    "Closed and profile mode")
 
     @field_validator("levels")
     @classmethod
@@ -106,6 +113,14 @@ class ReplaySpec(_Model):
     def _min_in_window(cls, v, info):
         if v is not None and info.data.get("mode", "closed") != "profile":
             raise ValueError("only used when mode is 'profile'")
+        return v
+
+    @field_validator("windows")
+    @classmethod
+    def _windows(cls, v, info):
+        if v > 1 and info.data.get("mode", "closed") == "open":
+            raise ValueError("an open-loop replay follows the recorded arrival times once; windows need mode "
+                             "'closed' or 'profile'")
         return v
 
     def weights(self) -> dict[int, float]:

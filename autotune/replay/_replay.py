@@ -56,6 +56,7 @@ __all__ = [
     "StreamParser",
     "RequestResult",
     "ReplayRun",
+    "merge_windows",
     "run_closed_loop",
     "run_open_loop",
     "run_profile",
@@ -248,6 +249,8 @@ class ReplayRun:
     """profile: output tokens generated inside the steady window per second (overrides tokens / wall_s)."""
     drawn: int = 0
     """profile: measured requests the level drew from the reserve to fill its window (``WindowTarget``)."""
+    windows: list["ReplayRun"] | None = None
+    """``replay.windows``: the runs of the windows pooled into this one (``merge_windows``), in order."""
 
     def ok(self) -> list[RequestResult]:
         return [r for r in self.results if r.ok]
@@ -323,6 +326,27 @@ class ReplayRun:
             out["send_lag_ms"] = ({**percentiles(lags), "mean": float(sum(lags) / len(lags)), "max": max(lags)}
                                   if lags else None)
         return out
+
+
+def merge_windows(runs: Sequence[ReplayRun]) -> ReplayRun:
+    """One run of several windows measured one after another on one server (``replay.windows``):
+    their requests pooled, so every statistic reads all windows, and the windows kept in order
+    for their own figures. Wall time and reserve draws add up; throughput and mean in-flight are
+    the windows' mean; the steady window is not one span, so ``steady_state`` is None."""
+    if len(runs) == 1:
+        return runs[0]
+    first = runs[0]
+    in_window = (None if all(r.in_window is None for r in runs)
+                 else [i for r in runs for i in (r.in_window if r.in_window is not None else [x.id for x in r.results])])
+    tput = [r.throughput_tok_s for r in runs if r.throughput_tok_s is not None]
+    flight = [r.mean_in_flight for r in runs if r.mean_in_flight is not None]
+    peaks = [r.max_in_flight for r in runs if r.max_in_flight is not None]
+    return ReplayRun(results=[x for r in runs for x in r.results], concurrency=first.concurrency,
+                     wall_s=sum(r.wall_s for r in runs), steady_state=None, mode=first.mode, in_window=in_window,
+                     max_in_flight=max(peaks) if peaks else None,
+                     mean_in_flight=sum(flight) / len(flight) if flight else None,
+                     throughput_tok_s=sum(tput) / len(tput) if tput else None,
+                     drawn=sum(r.drawn for r in runs), windows=list(runs))
 
 
 def _body(req: ReplayRequest, model: str) -> dict:

@@ -105,7 +105,8 @@ def apply(config: dict | None, schedule) -> dict | None:
 
 async def run_profile_scraped(client, base_url: str, model: str, pool, levels: Sequence[int],
                               timeout_s: float = 300.0, reserve: Sequence | None = None,
-                              min_in_window: int | None = None, min_window_tokens: int | None = None):
+                              min_in_window: int | None = None, min_window_tokens: int | None = None,
+                              windows: Sequence[Sequence] = ()):
     """``_replay.run_profile`` one level at a time, with a /metrics scrape before and after each
     level (the loop drains between levels, so each delta is that level's). Returns
     ``(runs, deltas)``: level -> ReplayRun, level -> SpecDelta dict (with ``requests``: warm-up
@@ -113,27 +114,34 @@ async def run_profile_scraped(client, base_url: str, model: str, pool, levels: S
 
     ``reserve``: further requests a level draws, in order and each once, while its steady window
     holds fewer than ``min_in_window`` (default twice the level) requests or ``min_window_tokens``
-    tokens (``_replay.WindowTarget``)."""
+    tokens (``_replay.WindowTarget``).
+
+    ``windows``: further pools (``replay.windows``), each split like ``pool``; a level measures its
+    window on every pool in turn before the next level, so its delta covers all of them, and its
+    run pools them (``_replay.merge_windows``)."""
     levels = list(levels)
-    warm = list(levels)
-    spare = len(pool) - sum(warm)
-    n = spare // len(levels) if spare > 0 else 0
-    if n < 1:
-        raise ValueError(f"a profile of levels {levels} needs {sum(warm)} warm-up + {len(levels)} x 1 "
-                         f"measured requests, {len(pool)} given")
+    pools = [list(pool), *(list(p) for p in windows)]
+    n = (len(pool) - sum(levels)) // len(levels)
+    if n < 1 or any(len(p) != len(pool) for p in pools):
+        raise ValueError(f"a profile of levels {levels} needs {sum(levels)} warm-up + {len(levels)} x 1 "
+                         f"measured requests per window, {[len(p) for p in pools]} given")
     runs, deltas, pos = {}, {}, 0
     spare_reqs = list(reserve or [])
     for lv in levels:
-        chunk = list(pool[pos:pos + lv + n])
-        pos += lv + n
         target = _replay.WindowTarget.for_level(lv, min_in_window, min_window_tokens)
         before = await _metrics.scrape(client, base_url)
-        out = await _replay.run_profile(base_url, model, chunk, levels=[lv], per_level=n,
-                                        warmup_per_level=lv, timeout_s=timeout_s, window=target,
-                                        reserve=spare_reqs)
+        got, sent = [], 0
+        for p in pools:
+            chunk = p[pos:pos + lv + n]
+            out = await _replay.run_profile(base_url, model, chunk, levels=[lv], per_level=n,
+                                            warmup_per_level=lv, timeout_s=timeout_s, window=target,
+                                            reserve=spare_reqs)
+            got.append(out[lv])
+            sent += len(chunk) + out[lv].drawn
         after = await _metrics.scrape(client, base_url)
-        runs[lv] = out[lv]
-        deltas[lv] = {**_metrics.delta(before, after).to_dict(), "requests": len(chunk) + out[lv].drawn}
+        pos += lv + n
+        runs[lv] = _replay.merge_windows(got)
+        deltas[lv] = {**_metrics.delta(before, after).to_dict(), "requests": sent}
     return runs, deltas
 
 

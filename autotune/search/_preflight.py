@@ -19,7 +19,7 @@ from pathlib import Path
 from autotune.core._spec import SpecError, StudySpec, _line_of
 from autotune.engines._probe import Capabilities
 from autotune.search._space import SearchSpace
-from autotune.search._study import split_requests
+from autotune.search._study import split_requests, window_requests
 from autotune.traffic import _replayset
 
 _PATHLIKE = (".", "/", "~", "$")
@@ -136,4 +136,5 @@ def check_replay(spec: StudySpec):
             raise ValueError(f"{rs.path}: replay.levels {spec.replay.levels} need at least {need} requests per "
                              f"server start (a warm-up wave and measured requests per level), "
                              f"replay.warmup + replay.requests give {len(warmup) + len(search)}")
+    window_requests(spec, rs)  # replay.windows: the further windows' requests fit
     return rs

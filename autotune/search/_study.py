@@ -147,13 +147,38 @@ def split_requests(spec: StudySpec, rs: _replayset.ReplaySet):
     return warmup, search, confirm
 
 
-def reserve_requests(spec: StudySpec, rs: _replayset.ReplaySet) -> list:
-    """What warm-up, search and confirmation leave of the replay set: the requests a profile
-    level draws when its steady window is short (``replay.min_in_window``/``min_window_tokens``).
-    Each server start draws from the start of it, so every start measures the same requests."""
+def _used(spec: StudySpec, rs: _replayset.ReplaySet) -> int:
     warmup, search, confirm = split_requests(spec, rs)
-    used = len(warmup) + len(search) + (len(confirm) if confirm is not search else 0)
-    return list(rs.requests[used:])
+    return len(warmup) + len(search) + (len(confirm) if confirm is not search else 0)
+
+
+def window_requests(spec: StudySpec, rs: _replayset.ReplaySet) -> list[tuple[list, list]]:
+    """``replay.windows``: the (warm-up, measured) requests of each window after a start's first,
+    taken in order from what warm-up, search and confirmation leave, the same in every start (a
+    request is replayed once per server lifetime, so later windows need requests of their own).
+    Confirmation starts measure their first window on the confirmation requests and these after it."""
+    extra = spec.replay.windows - 1
+    if extra < 1:
+        return []
+    warmup, search, _ = split_requests(spec, rs)
+    w, n = len(warmup), len(search)
+    used = _used(spec, rs)
+    need = used + extra * (w + n)
+    if len(rs.requests) < need:
+        raise ValueError(f"{rs.path}: replay.windows {spec.replay.windows} needs {need} requests (warm-up {w} and "
+                         f"{n} measured per window, after the {used} of warm-up, search and confirmation), the "
+                         f"replay set holds {len(rs.requests)}: sample more traffic or lower replay.windows")
+    rest = rs.requests[used:need]
+    return [(list(rest[i:i + w]), list(rest[i + w:i + w + n])) for i in range(0, extra * (w + n), w + n)]
+
+
+def reserve_requests(spec: StudySpec, rs: _replayset.ReplaySet) -> list:
+    """What warm-up, search, confirmation and the further windows leave of the replay set: the
+    requests a profile level draws when its steady window is short (``replay.min_in_window``/
+    ``min_window_tokens``). Each server start draws from the start of it, so every start measures
+    the same requests."""
+    more = sum(len(w) + len(r) for w, r in window_requests(spec, rs))
+    return list(rs.requests[_used(spec, rs) + more:])
 
 
 class Study:
@@ -191,6 +216,7 @@ class Study:
         self.spec = spec = with_profile(spec, self.replay_set, self.notes)
         self.warmup, self.search_reqs, self.confirm_reqs = split_requests(spec, self.replay_set)
         self.equivalence_reqs = equivalence_requests(spec, self.search_reqs)  # sampled traffic: greedy copies
+        self.window_reqs = window_requests(spec, self.replay_set)
         self.reserve_reqs = reserve_requests(spec, self.replay_set) if spec.replay.mode == "profile" else []
         if self.equivalence_reqs and not batch_invariant(spec):
             self.notes.append("equivalence: the engine's greedy outputs depend on which requests share a batch; "
@@ -448,7 +474,8 @@ class Study:
                         on_server=self._track_server, pid_dir=self.pid_dir,
                         extra_args=self.caps.per_request_metrics_args(config is not None),
                         **({"equivalence": self.equivalence_reqs} if self.equivalence_reqs else {}),
-                        **({"reserve": self.reserve_reqs} if self.reserve_reqs else {}))
+                        **({"reserve": self.reserve_reqs} if self.reserve_reqs else {}),
+                        **({"windows": self.window_reqs} if self.window_reqs else {}))
         except TrialFailed as e:
             trial.set_user_attr("error", e.reason)
             raise

@@ -10,11 +10,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import math
 import os
+import statistics
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from autotune.core._measure import summarize
 from autotune.core._spec import StudySpec
 from autotune.core._settings import get_settings
 from autotune.engines import _affinity, _metrics, _registry, _serverlog
@@ -103,7 +106,8 @@ def measure(spec: StudySpec, config: dict | None, requests: list[ReplayRequest],
             warmup: list[ReplayRequest], log_path: Path, command: list[str],
             on_server=None, extra_args: dict | None = None, pid_dir: Path | None = None,
             equivalence: list[ReplayRequest] | None = None,
-            reserve: list[ReplayRequest] | None = None) -> Measurement:
+            reserve: list[ReplayRequest] | None = None,
+            windows: list[tuple[list[ReplayRequest], list[ReplayRequest]]] | None = None) -> Measurement:
     """Run one server start. Raises TrialFailed (with vLLM's reason) when the server won't start,
     dies during the replay (``kill -9``, OOM, a crash: the trial fails, the study goes on), or
     the replay itself breaks.
@@ -111,10 +115,15 @@ def measure(spec: StudySpec, config: dict | None, requests: list[ReplayRequest],
     ``extra_args`` are the tuner's own serve args (per-request metrics). ``equivalence``: greedy
     copies replayed after the measured part, for their outputs only (``equivalence_requests``).
     ``reserve``: requests a profile level may draw to fill its steady window (``WindowTarget``).
+    ``windows``: the (warm-up, measured) requests of each further window (``replay.windows``,
+    ``_study.window_requests``), measured after the first on the same server and pooled with it.
 
     ``on_server`` is called with the running VllmServer, so a signal handler can stop it.
     ``pid_dir`` gets the server's pidfile while it runs (see ``_recovery``).
     """
+    if len(windows or []) != spec.replay.windows - 1:
+        raise ValueError(f"replay.windows is {spec.replay.windows}: {spec.replay.windows - 1} further windows' "
+                         f"requests are needed (_study.window_requests), {len(windows or [])} given")
     port = free_port()
     serve_args = {**spec.engine.serve_args, **(extra_args or {})}
     # benchmark-only additions (synthetic acceptance) go to the server, never into ``config``
@@ -142,7 +151,7 @@ def measure(spec: StudySpec, config: dict | None, requests: list[ReplayRequest],
         model = spec.served_model_name or spec.model
         try:
             run, before, after, settled = asyncio.run(
-                _replay_with_scrape(server.base_url, model, requests, warmup, spec, log_path, reserve))
+                _replay_with_scrape(server.base_url, model, requests, warmup, spec, log_path, reserve, windows))
             eq_run = asyncio.run(_replay.run_closed_loop(
                 server.base_url, model, equivalence, spec.replay.concurrency if invariant else 1,
                 timeout_s=spec.replay.timeout_s)) if equivalence else None
@@ -188,6 +197,9 @@ def measure(spec: StudySpec, config: dict | None, requests: list[ReplayRequest],
     source = "mixed" if mixed else "server" if n_engine else "client"
     summary = stall_verdict(run.summary(spec.objective.statistic), source)
     summary["noise"] = profile_noise(levels) if levels else within_start_noise(tpots)
+    per_window = window_figures(run, spec.objective.statistic)
+    if per_window:
+        summary["windows"] = per_window
     late = _settle.compiled_after(settled, log_path)
     summary["settle"] = {**{k: v for k, v in settled.items() if k != "offset"}, "compiled_after": late}
     if engine.kind == "vllm":  # rows measured before per-config caches may hold another K's n-gram kernel
@@ -273,6 +285,36 @@ def profile_noise(levels: dict[str, dict]) -> dict | None:
     return {"n": sum(n["n"] for _, _, n in known), "median_se_rel": se, "levels": per}
 
 
+def window_figures(run, statistic: str = "median") -> dict | None:
+    """``replay.windows``: each window's own figure, level by level and weighted like the objective,
+    and how far they scatter (``cv``; ``se_rel``, the pooled figure's relative standard error from
+    that scatter, cv / sqrt(windows)). It says more than ``profile_noise``, whose requests share one
+    window's pace, but not all: what a start carries for its whole life shows only between starts
+    (``_study.start_to_start_noise``). None for a start of one window."""
+    def figure(w) -> float | None:
+        vals = [v for r in w.measured() for v in [request_tpot(r)[0]] if v is not None]
+        return summarize(vals, statistic) if vals else None
+
+    if isinstance(run, ProfileRun):
+        if not all(r.windows for r in run.levels.values()):
+            return None
+        levels = {str(lv): [figure(w) for w in r.windows] for lv, r in run.levels.items()}
+        n = len(next(iter(levels.values())))
+        objective = []
+        for i in range(n):
+            known = [(run.weights[int(lv)], v[i]) for lv, v in levels.items() if v[i] is not None]
+            wsum = sum(w for w, _ in known)
+            objective.append(sum(w * v for w, v in known) / wsum if wsum > 0 else None)
+    elif run.windows:
+        levels, objective = None, [figure(w) for w in run.windows]
+    else:
+        return None
+    vals = [v for v in objective if v is not None]
+    cv = statistics.stdev(vals) / statistics.fmean(vals) if len(vals) >= 2 else None
+    return {"n": len(objective), "objective_ms": objective, **({"levels": levels} if levels else {}),
+            "cv": cv, "se_rel": cv / math.sqrt(len(vals)) if cv is not None else None}
+
+
 def request_tpot(r) -> tuple[float | None, str]:
     """The engine's per-request TPOT (vLLM's ``metrics.mean_itl_ms``, llama-server's ``timings``:
     engine-side timestamps) when the server reports it, else the client's (e2e - TTFT)/(n - 1).
@@ -300,7 +342,7 @@ def _is_greedy(requests: list[ReplayRequest], rid: str) -> bool:
     return any(r.id == rid and r.greedy for r in requests)
 
 
-async def _replay_with_scrape(base_url, model, requests, warmup, spec, log_path=None, reserve=None):
+async def _replay_with_scrape(base_url, model, requests, warmup, spec, log_path=None, reserve=None, windows=None):
     """Replay in the spec's ``replay.mode``; the /metrics scrapes around the measured part.
     First the settle rounds (``_settle``: warm-up until the engine stops compiling) at each
     concurrency the replay measures; they run before the first scrape, so no counter holds them.
@@ -308,7 +350,9 @@ async def _replay_with_scrape(base_url, model, requests, warmup, spec, log_path=
     ``open``: the warm-up runs on into the measured phase by design, so the counter deltas
     include it (per-request acceptance and TPOT do not). ``profile``: the pool is the warm-up
     then the measured requests, split by ``run_profile`` into per-level warm-ups and measured
-    sets; the deltas cover all levels.
+    sets; the deltas cover all levels. ``windows`` (closed and profile): further (warm-up,
+    measured) request sets, each measured like the first after it, all pooled
+    (``_replay.merge_windows``).
     """
     import httpx
 
@@ -328,7 +372,7 @@ async def _replay_with_scrape(base_url, model, requests, warmup, spec, log_path=
             runs, deltas = await run_profile_scraped(
                 client, base_url, model, [*warmup, *requests], levels=spec.replay.levels,
                 timeout_s=spec.replay.timeout_s, reserve=reserve, min_in_window=spec.replay.min_in_window,
-                min_window_tokens=spec.replay.min_window_tokens)
+                min_window_tokens=spec.replay.min_window_tokens, windows=[[*w, *r] for w, r in windows or []])
             after = await _metrics.scrape(client, base_url)
             return (scraped_profile_run(runs, spec.replay.weights(), deltas, spec.replay.min_in_window,
                                         spec.replay.min_window_tokens),
@@ -337,10 +381,13 @@ async def _replay_with_scrape(base_url, model, requests, warmup, spec, log_path=
             await _replay.run_closed_loop(base_url, model, warmup, spec.replay.concurrency,
                                           timeout_s=spec.replay.timeout_s)
         before = await _metrics.scrape(client, base_url)
-        run = await _replay.run_closed_loop(base_url, model, requests, spec.replay.concurrency,
-                                            timeout_s=spec.replay.timeout_s)
+        runs = [await _replay.run_closed_loop(base_url, model, requests, spec.replay.concurrency,
+                                              timeout_s=spec.replay.timeout_s)]
+        for w, r in windows or []:  # each window ramps up on its own warm-up, as the first did
+            runs.append(await _replay.run_closed_loop(base_url, model, r, spec.replay.concurrency,
+                                                      timeout_s=spec.replay.timeout_s, warmup=w))
         after = await _metrics.scrape(client, base_url)
-    return run, before, after, settled
+    return _replay.merge_windows(runs), before, after, settled
 
 
 # ---- stored trials: the one rule for which starts count, the one sum of their counters ------

@@ -17,7 +17,10 @@ recorded in ``run_config``), exactly as in a study trial.
 window is the row's measurement, as in any start; the others replay fresh prompts of the same
 shape (``--windows-replay``), so no prefix-cache hit flatters them. Windows of one start against
 starts of one configuration tell noise that drifts with time on the machine from noise that a
-start carries for its whole life.
+start carries for its whole life. It is round 15's protocol: a window holds every level and is
+timed whole (for the GPU clock samples), and the row keeps the first window's figures. A spec's
+own ``replay.windows`` is the product's: a level's windows run back to back and the row's figures
+pool them (``summary.windows`` holds each window's).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from autotune.engines._probe import probe, python_for  # noqa: E402
 from autotune.core._signals import graceful_stop  # noqa: E402
 from autotune.search._space import SearchSpace, canonical  # noqa: E402
 from autotune.core._spec import load_spec  # noqa: E402
-from autotune.search._study import reserve_requests, split_requests  # noqa: E402
+from autotune.search._study import reserve_requests, split_requests, window_requests  # noqa: E402
 from autotune.search import _trial  # noqa: E402
 from autotune.search._trial import TrialFailed, measure, request_tpot  # noqa: E402
 
@@ -114,12 +117,12 @@ def repeat_windows(n: int, slices: list[tuple[list, list, list]], record: list[d
     measured, reserve). Each window's figures are appended to ``record``."""
     original = _trial._replay_with_scrape
 
-    async def replay(base_url, model, requests, warmup, spec, log_path=None, reserve=None):
+    async def replay(base_url, model, requests, warmup, spec, log_path=None, reserve=None, windows=None):
         first = None
         for i in range(n):
             w, r, res = (warmup, requests, reserve) if i == 0 else slices[(i - 1) % len(slices)]
             t0 = time.time()
-            got = await original(base_url, model, r, w, spec, log_path, res)
+            got = await original(base_url, model, r, w, spec, log_path, res, windows if i == 0 else None)
             record.append({"window": i, "t0": round(t0, 2), "t1": round(time.time(), 2),
                            "levels": window_figures(got[0])})
             print(f"  window {i}: " + ", ".join(f"c={lv} {d['tpot'] and round(d['tpot'], 3)} ms"
@@ -193,6 +196,7 @@ def _main(argv=None) -> int:
         repeat_windows(args.windows, window_slices(Path(args.windows_replay), spec), windows)
     warmup, search, _ = split_requests(spec, rs)
     reserve = reserve_requests(spec, rs) if spec.replay.mode == "profile" else []
+    more = window_requests(spec, rs)  # the spec's own replay.windows, pooled into the row's figures
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     have = done_counts([out, *map(Path, args.done)], spec.workload, spec.model, args.protocol) if not args.label else {}
@@ -221,7 +225,8 @@ def _main(argv=None) -> int:
         windows.clear()
         try:
             m = measure(spec, cfg, search, warmup, log, command,
-                        extra_args=caps.per_request_metrics_args(cfg is not None), reserve=reserve)
+                        extra_args=caps.per_request_metrics_args(cfg is not None), reserve=reserve,
+                        windows=more)
             row.update(ok=True, tpot=_measure.summarize(m.tpot_ms, spec.objective.statistic) if m.tpot_ms else None,
                        tpot_source=m.tpot_source, start_seconds=m.start_seconds, wall_seconds=m.wall_seconds,
                        levels=m.levels, summary=m.summary, spec_delta=m.spec_delta, argv=m.argv)

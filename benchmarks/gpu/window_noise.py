@@ -11,8 +11,9 @@ variance with the start as the group. ``within`` is the sd of one window about i
 that starts differ by more than their windows. ``per_start_sd[W]`` is the noise of one start
 measured on W windows, sqrt(between^2 + within^2 / W), and ``scale[W]`` its ratio to one window's:
 the factor ``benchmarks/search.py --noise-scale`` applies to the recorded one-window starts.
-Also: the lag-1 autocorrelation of windows within a start (noise that drifts slowly shows up
-as a positive one), the correlation of a window's TPOT with its acceptance length and with the
+Rows of several configurations (benchmarks/grid.py with a spec's ``replay.windows``) are analysed
+one configuration at a time. Also: the lag-1 autocorrelation of windows within a start (taken
+about the start's own mean, so white noise gives -1/(W-1); noise that drifts slowly, more), the correlation of a window's TPOT with its acceptance length and with the
 GPU's SM clock (``windows[].gpu``), the starts' means by arm (pinned or free), and the window
 index's own effect (``index_effects``: window i replays the same prompts in every start).
 """
@@ -76,8 +77,25 @@ def lag1(groups: list[list[float]]) -> float | None:
     return num / den if den else None
 
 
+def windows_of(row: dict) -> list[dict]:
+    """A row's windows as ``[{"levels": {level: {"tpot": ms, ...}}, ...}]``, whoever measured them:
+    the harness (``measure_points.py --windows``: a list, each window timed whole) or the product
+    (``replay.windows``: the trial's ``summary.windows``, which benchmarks/grid.py copies to the row's
+    ``windows``; per level for a profile, else one figure per window at the row's concurrency)."""
+    w = row.get("windows")
+    if isinstance(w, list):
+        return w
+    w = w or (row.get("summary") or {}).get("windows")
+    if not w:
+        return []
+    if w.get("levels"):
+        return [{"levels": {lv: {"tpot": v[i]} for lv, v in w["levels"].items()}} for i in range(w["n"])]
+    return [{"levels": {str(row.get("concurrency") or 0): {"tpot": v}}} for v in w["objective_ms"]]
+
+
 def analyse(rows: list[dict]) -> dict:
-    rows = [r for r in rows if r.get("ok") and len(r.get("windows") or []) >= 2]
+    rows = [{**r, "windows": windows_of(r)} for r in rows if r.get("ok")]
+    rows = [r for r in rows if len(r["windows"]) >= 2]
     levels = sorted({lv for r in rows for w in r["windows"] for lv in w["levels"]}, key=int)
     out: dict = {"rows": len(rows), "configs": sorted({r["config_key"] for r in rows}), "levels": {}}
     for lv in levels:
@@ -103,6 +121,10 @@ def analyse(rows: list[dict]) -> dict:
     return out
 
 
+def _signed(x: float | None) -> str:
+    return "-" if x is None else f"{x:+.2f}"
+
+
 def table(res: dict) -> str:
     lines = ["| level | starts (windows) | window sd within a start | sd between starts (F, p) | "
              "one start on 1 / 4 / 8 windows | scale at 4 / 8 / all | lag-1 | corr. AL, SM clock |",
@@ -111,8 +133,8 @@ def table(res: dict) -> str:
         ps, sc = d["per_start_sd"], d["scale"]
         lines.append(f"| c={lv} | {d['starts']} ({d['windows']}) | {d['within']:.1%} ({d['within_df']} df) | "
                      f"{d['between']:.1%} (F {d['f']:.1f}, p {d['p']:.1g}) | {ps['1']:.1%} / {ps['4']:.1%} / {ps['8']:.1%} | "
-                     f"{sc['4']:.2f} / {sc['8']:.2f} / {sc['inf']:.2f} | {d['lag1_autocorrelation']:+.2f} | "
-                     f"{d['corr_acceptance_length']:+.2f}, {d['corr_sm_clock']:+.2f} |")
+                     f"{sc['4']:.2f} / {sc['8']:.2f} / {sc['inf']:.2f} | {_signed(d['lag1_autocorrelation'])} | "
+                     f"{_signed(d['corr_acceptance_length'])}, {_signed(d['corr_sm_clock'])} |")
     return "\n".join(lines)
 
 
@@ -122,17 +144,23 @@ def main(argv=None) -> int:
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     rows = [json.loads(ln) for p in args.rows for ln in Path(p).read_text().splitlines() if ln.strip()]
-    res = analyse(rows)
-    print(table(res))
-    for lv, d in res["levels"].items():
-        print(f"c={lv}: start means {d['start_means_ms']}; first window / the rest {d['first_window_over_rest']}")
-        wi = d["window_index"]
-        if wi:
-            print(f"c={lv}: window index over {wi['starts']} starts of {wi['windows']} windows: {wi['effects']} "
-                  f"(F {wi['f']:.2f}, p {wi['p']:.2g}); without it the window sd is {wi['residual_sd']:.1%} "
-                  f"({wi['residual_df']} df)")
+    keys = sorted({r.get("config_key") for r in rows if r.get("ok")}, key=str)
+    # several configurations (a grid.py run): each its own analysis, their levels apart
+    results = {k: analyse([r for r in rows if r.get("config_key") == k]) for k in keys}
+    for key, res in results.items():
+        if len(keys) > 1:
+            print(f"\n{key}")
+        print(table(res))
+        for lv, d in res["levels"].items():
+            print(f"c={lv}: start means {d['start_means_ms']}; first window / the rest {d['first_window_over_rest']}")
+            wi = d["window_index"]
+            if wi:
+                print(f"c={lv}: window index over {wi['starts']} starts of {wi['windows']} windows: {wi['effects']} "
+                      f"(F {wi['f']:.2f}, p {wi['p']:.2g}); without it the window sd is {wi['residual_sd']:.1%} "
+                      f"({wi['residual_df']} df)")
     if args.out:
-        Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
+        out = results[keys[0]] if len(keys) == 1 else {"by_config": results}
+        Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
     return 0
 
 
