@@ -9,6 +9,7 @@ import random
 import optuna
 import pytest
 import yaml
+from click.testing import CliRunner
 
 from _synthetic import Workload, ngram
 from autotune.traffic import _replayset
@@ -18,6 +19,7 @@ from autotune.engines._probe import Capabilities
 from autotune.search._space import NONE, SearchSpace, canonical
 from autotune.core._spec import StudySpec
 from autotune.search._trial import Measurement
+from autotune.cli._main import main
 
 RATES = [0.9 * 0.75 ** i for i in range(8)]
 FIELDS = ["method", "num_speculative_tokens", "model", "prompt_lookup_min", "prompt_lookup_max", BANDS_KEY]
@@ -116,15 +118,22 @@ def test_every_start_measures_the_same_further_windows(tmp_path, monkeypatch):
 
     def measure(spec, config, requests, warmup, *a, windows=None, **kw):
         seen.append((requests[0].id, [[r.id for r in part] for w in windows for part in w]))
-        return inner(spec, config, requests, warmup, *a, **kw)
+        m = inner(spec, config, requests, warmup, *a, **kw)
+        m.summary["windows"] = {"n": 2, "objective_ms": [1.0, 1.1], "cv": 0.0667, "se_rel": 0.0471}
+        return m
 
     caps = Capabilities(version="0.32.0", methods=["ngram"], fields=FIELDS, arctic_inference=False)
     monkeypatch.setattr(_study, "measure", measure)
-    _study.Study(spec, caps, SearchSpace.build(spec.space, caps), spec.storage, ["vllm", "serve"],
-                 tmp_path / "home").run()
+    study = _study.Study(spec, caps, SearchSpace.build(spec.space, caps), spec.storage, ["vllm", "serve"],
+                         tmp_path / "home")
+    study.run()
     firsts = {first for first, _ in seen}
     assert firsts == {"r4", "r28"} and len(seen) >= 4  # search and confirmation requests
     assert all(w == [[f"r{i}" for i in range(52, 56)], [f"r{i}" for i in range(56, 80)]] for _, w in seen)
+    # `autotune study show` lists each start's window scatter
+    monkeypatch.setenv("AUTOTUNE__STUDIES_DIR", str(tmp_path))
+    out = CliRunner().invoke(main, ["study", "show", "syn", "--study-name", study.name], catch_exceptions=False).output
+    assert out.count("2 windows, cv 6.7%") == len(seen), out
 
 
 def test_grid_and_tpe_modes_still_search(tmp_path, monkeypatch):
