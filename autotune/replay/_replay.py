@@ -336,8 +336,7 @@ def merge_windows(runs: Sequence[ReplayRun]) -> ReplayRun:
     if len(runs) == 1:
         return runs[0]
     first = runs[0]
-    in_window = (None if all(r.in_window is None for r in runs)
-                 else [i for r in runs for i in (r.in_window if r.in_window is not None else [x.id for x in r.results])])
+    in_window = None if first.in_window is None else [i for r in runs for i in r.in_window]  # one mode, all alike
     tput = [r.throughput_tok_s for r in runs if r.throughput_tok_s is not None]
     flight = [r.mean_in_flight for r in runs if r.mean_in_flight is not None]
     peaks = [r.max_in_flight for r in runs if r.max_in_flight is not None]

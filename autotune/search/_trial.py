@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from autotune.core._measure import summarize
+from autotune.core import _measure
 from autotune.core._spec import StudySpec
 from autotune.core._settings import get_settings
 from autotune.engines import _affinity, _metrics, _registry, _serverlog
@@ -291,22 +291,22 @@ def window_figures(run, statistic: str = "median") -> dict | None:
     that scatter, cv / sqrt(windows)). It says more than ``profile_noise``, whose requests share one
     window's pace, but not all: what a start carries for its whole life shows only between starts
     (``_study.start_to_start_noise``). None for a start of one window."""
-    def figure(w) -> float | None:
-        vals = [v for r in w.measured() for v in [request_tpot(r)[0]] if v is not None]
-        return summarize(vals, statistic) if vals else None
+    def tpots(w) -> list[float]:
+        return [v for r in w.measured() for v in [request_tpot(r)[0]] if v is not None]
+
+    def stat(vals: list[float]) -> float | None:
+        return _measure.summarize(vals, statistic) if vals else None
 
     if isinstance(run, ProfileRun):
         if not all(r.windows for r in run.levels.values()):
             return None
-        levels = {str(lv): [figure(w) for w in r.windows] for lv, r in run.levels.items()}
-        n = len(next(iter(levels.values())))
-        objective = []
-        for i in range(n):
-            known = [(run.weights[int(lv)], v[i]) for lv, v in levels.items() if v[i] is not None]
-            wsum = sum(w for w, _ in known)
-            objective.append(sum(w * v for w, v in known) / wsum if wsum > 0 else None)
+        # window i of every level, each level's in-window TPOTs: the objective as the trial's own
+        per = [dict(zip(run.levels, map(tpots, ws))) for ws in zip(*(r.windows for r in run.levels.values()))]
+        levels = {str(lv): [stat(p[lv]) for p in per] for lv in run.levels}
+        objective = [_measure.weighted_statistic(p, run.weights, statistic) if any(p.values()) else None
+                     for p in per]
     elif run.windows:
-        levels, objective = None, [figure(w) for w in run.windows]
+        levels, objective = None, [stat(tpots(w)) for w in run.windows]
     else:
         return None
     vals = [v for v in objective if v is not None]
