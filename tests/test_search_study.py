@@ -199,6 +199,7 @@ def test_report_from_the_study(tmp_path, monkeypatch):
         assert paths[name].exists() and paths[name].stat().st_size > 0, name
     md = paths["markdown"].read_text()
     assert "![" in md and "Band schedule" in md and "took effect: True" in md
+    assert "between its 2 starts" in md  # the confirmation's repeats: each trial's noise column
 
     # the command line: the workload's latest study from the spec's storage
     from click.testing import CliRunner

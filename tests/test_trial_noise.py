@@ -5,9 +5,11 @@ every reader (summary, trial attribute, decision) says the same."""
 from __future__ import annotations
 
 import pytest
+from click.testing import CliRunner
 
+from autotune.cli._main import main
 from autotune.search import _study
-from autotune.search._trial import stall_verdict, within_start_noise
+from autotune.search._trial import noise_text, stall_verdict, within_start_noise
 from _synthetic import Workload
 from autotune.engines._probe import Capabilities
 from autotune.search._space import SearchSpace
@@ -65,6 +67,15 @@ def test_trials_carry_one_stall_flag_and_both_noises(tmp_path, monkeypatch):
     last = base[-1].user_attrs["noise"]["start_to_start"]
     assert last["config_starts"] == 2 and last["config_sd_log"] > 0 and last["study_df"] >= 1
     assert base[0].user_attrs["noise"]["start_to_start"]["config_sd_log"] is None  # one start: unknown
+    # the one line `study show` and the report print: the start's precision beside the starts' scatter
+    se = base[-1].user_attrs["measurement"]["summary"]["noise"]["median_se_rel"]
+    assert noise_text(base[-1].user_attrs) == (f"+-{se:.1%} within the start; "
+                                               f"{last['config_sd_log']:.1%} between its 2 starts")
+    first = noise_text(ts[0].user_attrs)
+    assert "within the start" in first and "between" not in first  # nothing repeated yet
+    monkeypatch.setenv("AUTOTUNE__STUDIES_DIR", str(tmp_path))
+    out = CliRunner().invoke(main, ["study", "show", "syn", "--study-name", study.name], catch_exceptions=False).output
+    assert out.count("within the start") == len(ts) and f"{last['config_sd_log']:.1%} between its 2 starts" in out
 
 
 def test_a_profile_starts_noise_is_taken_level_by_level():

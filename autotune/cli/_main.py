@@ -28,6 +28,7 @@ from autotune.core._store import safe_url
 from autotune.engines._serverlog import engine_note_lines
 from autotune.ops._runner import storage_for
 from autotune.search._space import label
+from autotune.search._trial import noise_text
 
 
 @click.group()
@@ -132,13 +133,13 @@ def study_show(workload, storage, study_name) -> None:
         d = m.get("spec_delta") or {}
         al = d.get("acceptance_length")
         tp = (m.get("summary") or {}).get("output_throughput_tok_s")
-        win = (m.get("summary") or {}).get("windows") or {}  # replay.windows: how far the windows scattered
+        noise = noise_text(t.user_attrs)
         click.echo(f"{t.number:3d} {t.user_attrs.get('role', '?'):8s} {label(t.user_attrs.get('config')):34s} "
                    f"{t.state.name:8s} tpot {t.value if t.value is not None else float('nan'):7.2f} ms  "
                    f"AL {al if al is not None else float('nan'):5.2f}  "
                    f"tok/s {tp if tp is not None else float('nan'):7.1f}  "
                    f"start {m.get('start_seconds', float('nan')):5.1f}s"
-                   + (f"  {win['n']} windows, cv {win['cv']:.1%}" if win.get("cv") is not None else "")
+                   + (f"  noise: {noise}" if noise else "")
                    + (f"  error: {t.user_attrs['error'][:100]}" if t.user_attrs.get("error") else ""))
 
 

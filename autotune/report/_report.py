@@ -20,6 +20,7 @@ from pathlib import Path
 from autotune.core._files import SHARED, write_text
 from autotune.search import _bands, _predict
 from autotune.search._space import canonical, label
+from autotune.search._trial import noise_text
 
 BANDS = _bands.BANDS_KEY
 
@@ -341,8 +342,8 @@ def _blocks(study_name, workload, trials, predictor, rec, pred_rows, bands_info,
                      f"{t.value:.2f}" if t.value is not None and math.isfinite(t.value) else "-",
                      f"{p:.2f}" if p is not None else "-",
                      f"{d['acceptance_length']:.2f}" if d.get("acceptance_length") else "-",
-                     (t.user_attrs.get("error") or "")[:80]])
-    b.append(("table", ["#", "role", "config", "state", "TPOT ms", "predicted ms", "AL", "error"], rows))
+                     noise_text(t.user_attrs) or "-", (t.user_attrs.get("error") or "")[:80]])
+    b.append(("table", ["#", "role", "config", "state", "TPOT ms", "predicted ms", "AL", "noise", "error"], rows))
     if figs.get("trials"):
         b.append(("img", figs["trials"].name, "Trials over time"))
     b.append(("h", "TPOT vs K", 2))

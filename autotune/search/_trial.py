@@ -285,6 +285,30 @@ def profile_noise(levels: dict[str, dict]) -> dict | None:
     return {"n": sum(n["n"] for _, _, n in known), "median_se_rel": se, "levels": per}
 
 
+def noise_text(attrs: dict) -> str:
+    """A trial's noise in one line, from what the study recorded (``measurement.summary`` and the
+    ``noise`` attribute): the start's own precision (``within_start``, a window's median), the
+    scatter of its windows (``replay.windows``) and how far starts differ (this configuration's
+    starts, else the study's pooled repeats). Shown side by side because they answer different
+    questions: when starts differ by far more than a start's own precision, more requests per
+    start buy nothing, more starts do. Empty when nothing was recorded."""
+    summary = (attrs.get("measurement") or {}).get("summary") or {}
+    noise = attrs.get("noise") or {}
+    parts = []
+    within = noise.get("within_start") or summary.get("noise") or {}
+    if within.get("median_se_rel") is not None:
+        parts.append(f"+-{within['median_se_rel']:.1%} within the start")
+    win = summary.get("windows") or {}
+    if win.get("cv") is not None:
+        parts.append(f"{win['n']} windows, cv {win['cv']:.1%}")
+    between = noise.get("start_to_start") or {}
+    if between.get("config_sd_log") is not None:
+        parts.append(f"{between['config_sd_log']:.1%} between its {between['config_starts']} starts")
+    elif between.get("study_sd_log") is not None:
+        parts.append(f"{between['study_sd_log']:.1%} between starts (the study's repeats, {between['study_df']} df)")
+    return "; ".join(parts)
+
+
 def window_figures(run, statistic: str = "median") -> dict | None:
     """``replay.windows``: each window's own figure, level by level and weighted like the objective,
     and how far they scatter (``cv``; ``se_rel``, the pooled figure's relative standard error from
