@@ -21,7 +21,7 @@ setup: $(READY) $(HOME_DIR)/replay/code.jsonl
 # llama-server plus the SmolLM2-135M GGUF, its truncated drafts and replay sets (see docs/benchmarks.md)
 llamacpp: $(LLAMA_SERVER) $(HOME_DIR)/replay/code-llamacpp.jsonl
 
-$(LLAMA_SERVER): | $(READY)
+$(LLAMA_SERVER): tools/build-llama-server.sh | $(READY)
 	LLAMA_JOBS=$(LLAMA_JOBS) LLAMA_NICE=$(LLAMA_NICE) \
 	  tools/build-llama-server.sh $(LLAMA_CPP_VERSION) $(LLAMA_DIR) $(BIN)/pip
 
