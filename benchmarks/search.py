@@ -150,8 +150,26 @@ def load_cpu_grid(path: Path, statistic: str = "median") -> Grid | None:
     # truth: the statistic of every recorded request of the configuration, all starts pooled
     truth = {k: _measure.summarize(v, statistic) for k, v in truth_vals.items()}
     order = list(configs.values())  # grid.py's order: the baseline, then the spec's methods, K ascending
-    return Grid(name=f"cpu/{path.stem.removeprefix('grid-')}", source=str(path.relative_to(ROOT)),
-                configs=order, starts=starts, level=level, truth=truth)
+    # a configuration recorded once draws from the grid's own repeats, as on the H200 rounds
+    pool = [o.levels[level].value / m - 1.0 for obs in starts.values() if len(obs) >= 2
+            for m in [statistics.mean(x.levels[level].value for x in obs)] for o in obs]
+    obj = cpu_spec_objective(rows[0].get("workload"))
+    sp = obj.start_noise.for_class("speculative") if obj is not None and obj.start_noise is not None else None
+    return Grid(name=f"cpu/{path.stem.removeprefix('grid-')}",
+                source=str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path),
+                configs=order, starts=starts, level=level, truth=truth, noise_pool=pool,
+                noise_prior=None if sp is None else (sp.cv, sp.df), repeats=bool(obj and obj.search_repeats))
+
+
+def cpu_spec_objective(workload: str | None):
+    """The ``objective`` block of the study spec a CPU grid's workload ships with (``studies/`` or
+    ``benchmarks/workloads/``): its start-noise prior and ``search_repeats``, as its study runs."""
+    from autotune.core._spec import load_spec
+
+    for d in (ROOT / "studies", ROOT / "benchmarks" / "workloads"):
+        if workload and (d / f"{workload}.yaml").exists():
+            return load_spec(d / f"{workload}.yaml").objective
+    return None
 
 
 def grid_order(configs) -> list[dict | None]:
@@ -866,11 +884,12 @@ configuration's recorded server starts, so the noise is the machine's own (the 2
 rows, `h200/c*`, have one start per configuration: no noise there; on the grids of the autotune
 H200 rounds, `h200-r<N>/<workload>/c*`, one grid per round, since each round ran on another
 machine, a configuration recorded once is scaled by a relative deviation drawn from the repeated
-starts at that level). "ours" is the predictor-guided search a study runs
-(`objective.search: predictor`, the default; on the autotune H200 rounds' grids with the
-start-to-start noise prior of its study's spec, `benchmarks/gpu/<workload>.yaml`, as a study
-starts with it, with `objective.search_tolerance` {OURS['min_gain']:.0%} and the spec's
-`search_repeats`, on in the H200 specs, at most {GPU_BUDGET} starts on the H200 grids); "stop at" is where it stops by itself (no candidate likely to beat the best by more than
+starts at that level; on the CPU grids, `cpu/*`, from the grid's own repeated starts). "ours" is
+the predictor-guided search a study runs (`objective.search: predictor`, the default), with the
+start-to-start noise prior of its workload's study spec as a study starts with it
+(`benchmarks/gpu/<workload>.yaml` for the H200 rounds' grids, `studies/` or
+`benchmarks/workloads/` for the CPU grids), `objective.search_tolerance` {OURS['min_gain']:.0%} and the spec's
+`search_repeats`, on in the H200 specs, at most {GPU_BUDGET} starts on the H200 grids; "stop at" is where it stops by itself (no candidate likely to beat the best by more than
 the tolerance, the best's own noise counted, and no unmeasured neighbour of the best K plausibly faster, that
 noise counted too), with how often its pick, the lowest mean, then is within
 {TOLERANCE:.0%}; "before" is autotune's earlier order (each method at K_max, its acceptance knee,

