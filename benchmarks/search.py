@@ -153,23 +153,13 @@ def load_cpu_grid(path: Path, statistic: str = "median") -> Grid | None:
     # a configuration recorded once draws from the grid's own repeats, as on the H200 rounds
     pool = [o.levels[level].value / m - 1.0 for obs in starts.values() if len(obs) >= 2
             for m in [statistics.mean(x.levels[level].value for x in obs)] for o in obs]
-    obj = cpu_spec_objective(rows[0].get("workload"))
-    sp = obj.start_noise.for_class("speculative") if obj is not None and obj.start_noise is not None else None
+    # ours searches with the prior and search_repeats of the spec the workload ships with
+    wl = rows[0].get("workload")
+    obj = spec_objective(wl, CPU_SPECS)
     return Grid(name=f"cpu/{path.stem.removeprefix('grid-')}",
                 source=str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path),
                 configs=order, starts=starts, level=level, truth=truth, noise_pool=pool,
-                noise_prior=None if sp is None else (sp.cv, sp.df), repeats=bool(obj and obj.search_repeats))
-
-
-def cpu_spec_objective(workload: str | None):
-    """The ``objective`` block of the study spec a CPU grid's workload ships with (``studies/`` or
-    ``benchmarks/workloads/``): its start-noise prior and ``search_repeats``, as its study runs."""
-    from autotune.core._spec import load_spec
-
-    for d in (ROOT / "studies", ROOT / "benchmarks" / "workloads"):
-        if workload and (d / f"{workload}.yaml").exists():
-            return load_spec(d / f"{workload}.yaml").objective
-    return None
+                noise_prior=spec_noise_prior(wl, CPU_SPECS), repeats=bool(obj and obj.search_repeats))
 
 
 def grid_order(configs) -> list[dict | None]:
@@ -208,18 +198,26 @@ workload's space), one draft model K 1-4 (EAGLE-3, suffix and MTP rows of the sa
 one-off method checks, not grid points)."""
 
 
+GPU_SPECS = (ROOT / "benchmarks" / "gpu",)
+CPU_SPECS = (ROOT / "studies", ROOT / "benchmarks" / "workloads")
+"""Where a workload's study spec lives: the GPU workloads' in ``benchmarks/gpu``; a CPU grid's
+workload ships in ``studies/``, else ``benchmarks/workloads/``."""
+
+
 @functools.cache
-def spec_objective(workload: str):
-    """The ``objective`` block of a GPU workload's study spec (``benchmarks/gpu/<workload>.yaml``)."""
+def spec_objective(workload: str | None, folders: tuple[Path, ...] = GPU_SPECS):
+    """The ``objective`` block of a workload's study spec (the first ``<folder>/<workload>.yaml``),
+    or None when no folder has one."""
     from autotune.core._spec import load_spec
 
-    return load_spec(ROOT / "benchmarks" / "gpu" / f"{workload}.yaml").objective
+    path = next((d / f"{workload}.yaml" for d in folders if workload and (d / f"{workload}.yaml").exists()), None)
+    return None if path is None else load_spec(path).objective
 
 
-def spec_noise_prior(workload: str) -> tuple[float, int] | None:
-    """The predictor's prior of a GPU workload's study."""
-    sn = spec_objective(workload).start_noise
-    sp = sn.for_class("speculative") if sn is not None else None
+def spec_noise_prior(workload: str | None, folders: tuple[Path, ...] = GPU_SPECS) -> tuple[float, int] | None:
+    """The predictor's prior of a workload's study: its spec's speculative start-noise figure."""
+    obj = spec_objective(workload, folders)
+    sp = obj.start_noise.for_class("speculative") if obj is not None and obj.start_noise is not None else None
     return None if sp is None else (sp.cv, sp.df)
 
 

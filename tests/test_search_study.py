@@ -202,10 +202,6 @@ def test_report_from_the_study(tmp_path, monkeypatch):
     assert "between its 2 starts" in md  # the confirmation's repeats: each trial's noise column
 
     # the command line: the workload's latest study from the spec's storage
-    from click.testing import CliRunner
-
-    from autotune.cli._main import main
-
     res = CliRunner().invoke(main, ["report", "syn", "--spec", str(tmp_path / "syn.yaml"), "--out",
                                     str(tmp_path / "cli-report")], env={"AUTOTUNE__HOME": str(tmp_path / "home")})
     assert res.exit_code == 0, res.output

@@ -287,7 +287,7 @@ def profile_noise(levels: dict[str, dict]) -> dict | None:
 
 def noise_text(attrs: dict) -> str:
     """A trial's noise in one line, from what the study recorded (``measurement.summary`` and the
-    ``noise`` attribute): the start's own precision (``within_start``, a window's median), the
+    ``noise`` attribute): the start's own precision (``summary.noise``, a window's median), the
     scatter of its windows (``replay.windows``) and how far starts differ (this configuration's
     starts, else the study's pooled repeats). Shown side by side because they answer different
     questions: when starts differ by far more than a start's own precision, more requests per
@@ -295,7 +295,7 @@ def noise_text(attrs: dict) -> str:
     summary = (attrs.get("measurement") or {}).get("summary") or {}
     noise = attrs.get("noise") or {}
     parts = []
-    within = noise.get("within_start") or summary.get("noise") or {}
+    within = summary.get("noise") or {}  # the noise attribute's within_start is this same figure
     if within.get("median_se_rel") is not None:
         parts.append(f"+-{within['median_se_rel']:.1%} within the start")
     win = summary.get("windows") or {}
