@@ -104,6 +104,14 @@ class Grid:
         return Observation(config=o.config, levels=levels, delta=o.delta, requests=o.requests)
 
 
+def start_deviations(obs: list[Observation], level: int) -> list[float]:
+    """Each start's relative deviation from its configuration's mean at ``level``: the noise a
+    configuration recorded once draws, and what the grid's own start-to-start sd is made of."""
+    vals = [o.levels[level].value for o in obs]
+    m = statistics.mean(vals)
+    return [v / m - 1.0 for v in vals]
+
+
 def scale_noise(grid: Grid, s: float) -> Grid:
     """The grid as it would measure with start-to-start noise ``s`` times its own: every recorded
     start's deviation from its configuration's mean, the noise pool and the predictor's prior cv
@@ -151,8 +159,7 @@ def load_cpu_grid(path: Path, statistic: str = "median") -> Grid | None:
     truth = {k: _measure.summarize(v, statistic) for k, v in truth_vals.items()}
     order = list(configs.values())  # grid.py's order: the baseline, then the spec's methods, K ascending
     # a configuration recorded once draws from the grid's own repeats, as on the H200 rounds
-    pool = [o.levels[level].value / m - 1.0 for obs in starts.values() if len(obs) >= 2
-            for m in [statistics.mean(x.levels[level].value for x in obs)] for o in obs]
+    pool = [x for obs in starts.values() if len(obs) >= 2 for x in start_deviations(obs, level)]
     # ours searches with the prior and search_repeats of the spec the workload ships with
     wl = rows[0].get("workload")
     obj = spec_objective(wl, CPU_SPECS)
@@ -313,8 +320,7 @@ def load_h200_rounds(workloads=("code-h200", "chat-h200", "code-h200-ngram-gpu")
                     values = (rnd, tuple(o.levels[lv].value for o in obs))
                     if len(obs) >= 2 and method in (None, *NGRAM_METHODS) and values not in seen:
                         seen.add(values)
-                        m = statistics.mean(o.levels[lv].value for o in obs)
-                        pools.setdefault(method, []).extend(o.levels[lv].value / m - 1.0 for o in obs)
+                        pools.setdefault(method, []).extend(start_deviations(obs, lv))
         for g in (g for g in out if g.level == lv):
             methods = {c["method"] for c in g.configs if c}
             g.noise_pool = pools.get(None, []) + [x for m in NGRAM_METHODS if m in methods for x in pools.get(m, [])]
@@ -526,11 +532,9 @@ def resolution(grid: Grid, draws: int = 4000) -> dict | None:
     this unsure cannot score above it for reasons of its own."""
     ss, df = 0.0, 0
     for obs in grid.starts.values():
-        vals = [o.levels[grid.level].value for o in obs]
-        if len(vals) >= 2 and obs[0].config:  # the speculative configs' noise (no speculation repeats closer)
-            m = statistics.mean(vals)
-            ss += sum((v / m - 1) ** 2 for v in vals)
-            df += len(vals) - 1
+        if len(obs) >= 2 and obs[0].config:  # the speculative configs' noise (no speculation repeats closer)
+            ss += sum(x * x for x in start_deviations(obs, grid.level))
+            df += len(obs) - 1
     if df:
         sd = math.sqrt(ss / df)
     elif grid.noise_pool:
