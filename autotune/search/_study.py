@@ -89,12 +89,22 @@ class StudyOutcome:
     or decided yet."""
 
 
+#: the replay settings that change what one start measures: a trial measured under other values is
+#: another measurement, so editing any of them starts a new study instead of resuming the old one
+REPLAY_FINGERPRINT = ("concurrency", "mode", "levels", "level_weights", "windows", "min_in_window")
+#: their defaults (besides concurrency): a study on the defaults keeps the name it always had
+_DEFAULT_REPLAY = {"mode": "closed", "levels": None, "level_weights": None, "windows": 1, "min_in_window": None}
+
+
 def fingerprint(spec: StudySpec, replay_digest: str, caps: Capabilities, hardware: str | None = None) -> str:
-    """What was measured: replay set, model, engine setup, space, and (``hardware``, from
-    ``_hardware.identity``) the accelerator model and count the trials run on."""
+    """What was measured: replay set, how it is replayed (``REPLAY_FINGERPRINT``), model, engine
+    setup, space, and (``hardware``, from ``_hardware.identity``) the accelerator model and count
+    the trials run on."""
+    replay = spec.replay.model_dump(include=set(REPLAY_FINGERPRINT))
     blob = json.dumps({"replay": replay_digest, "model": spec.model, "serve": spec.engine.serve_args,
                        "vllm": caps.version, "space": spec.space.model_dump(), "seed": spec.seed,
-                       "concurrency": spec.replay.concurrency,
+                       "concurrency": replay.pop("concurrency"),
+                       **({"replay_mode": replay} if replay != _DEFAULT_REPLAY else {}),
                        **({"benchmark": spec.benchmark.model_dump()} if spec.benchmark else {}),
                        **({"hardware": hardware} if hardware else {})},
                       sort_keys=True, default=str)
@@ -604,9 +614,14 @@ class Study:
         return None
 
     def confirm_reserve(self) -> int:
-        """Server starts the search leaves for ``confirm_starts`` rounds of baseline, incumbent
-        (when deployed) and winner."""
-        return (3 if self.spec.incumbent else 2) * self.spec.objective.confirm_starts
+        """Server starts the search leaves for the confirmation: ``confirm_max_starts`` rounds of
+        baseline, incumbent (when deployed) and winner, since the decision's power lies in those
+        rounds, not in one more search start; but never so many that the search cannot start the
+        baseline, the incumbent and one candidate (then ``confirm_starts`` rounds at least)."""
+        o = self.spec.objective
+        sides = 3 if self.spec.incumbent else 2
+        room = self.spec.budget.max_server_starts - (sides - 1) - 1
+        return sides * max(o.confirm_starts, min(o.max_confirm_starts(), room // sides))
 
     def _callback(self, study, frozen) -> None:
         import optuna
@@ -780,6 +795,16 @@ class Study:
                 sides.append((params, canonical(inc), None))
         bands = best.user_attrs.get("bands")
         sides.append((dict(best.params), wkey, {"bands": bands} if bands else None))
+        # the looks the budget allows, fixed before the first confirmation start (and kept for a
+        # resumed run): the decision spends its error over exactly these (_recommend.planned_looks)
+        looks = self.study.user_attrs.get("confirm_looks")
+        if looks is None:
+            done = len(self.trials(role=ROLE_CONFIRM))
+            looks = obj.planned_looks(self.spec.budget.max_server_starts - self.budget_starts() + done, len(sides))
+            if self.leader:
+                self.study.set_user_attr("confirm_looks", looks)
+        self.confirmation["looks"] = looks
+        most = max(n, min(most, looks))  # confirm_starts rounds are tried whatever the budget (and say so)
         for i in range(most):
             done = all(len(self.trials(role=ROLE_CONFIRM, config_key=key)) > i for _, key, _ in sides)
             if not done and i >= n and not (self.confirm_open is not None and self.confirm_open()):
