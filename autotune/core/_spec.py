@@ -681,8 +681,9 @@ def _read_yaml(path: Path):
     except UnicodeDecodeError as e:
         line = raw[:e.start].count(b"\n") + 1
         raise SpecError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[e.start]:02x}); save the spec as UTF-8") from None
-    loader = _yaml_loader()(text)
+    loader = None
     try:
+        loader = _yaml_loader()(text)  # its reader refuses control characters at once
         root = loader.get_single_node()
         if _expanded_size(root, MAX_YAML_NODES) > MAX_YAML_NODES:
             raise SpecError(f"{path}: expands to more than {MAX_YAML_NODES} YAML nodes (aliases): not a study spec")
@@ -697,7 +698,8 @@ def _read_yaml(path: Path):
             raise
         raise SpecError(f"{path}: not valid YAML ({type(e).__name__}: {e})") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     return data, root
 
 
