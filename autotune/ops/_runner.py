@@ -420,11 +420,9 @@ def drift_result(spec, replay: str | None = None, telemetry_path: str | None = N
     """The drift check of one workload (also used by the daemon); raises ValueError on bad input."""
     rec_dir = recommendations_dir(spec, get_settings())
     try:
-        rec = _recommend.load(rec_dir, spec.workload)
+        rec = _recommend.load(rec_dir, spec.workload)  # ValueError naming the file: not one autotune wrote
     except FileNotFoundError:
         rec = None
-    except ValueError as e:
-        raise ValueError(f"{_recommend.recommendation_path(rec_dir, spec.workload)}: unreadable ({e})") from None
     rs = _replayset.load(replay or spec.replay.path)
     tpath = telemetry_path or spec.production.telemetry
     tel = load_telemetry(tpath) if tpath else None
