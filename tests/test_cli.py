@@ -251,3 +251,21 @@ def test_an_unforeseen_error_is_one_line_and_exit_70(env, monkeypatch):
     assert (r.exit_code, type(r.exception)) == (70, SystemExit)
     assert r.output == ("error: unexpected RuntimeError: something nobody foresaw (a bug in autotune; -vv prints "
                         "the traceback)\n")
+
+
+def test_an_invalid_setting_exits_2_naming_it(env, monkeypatch):
+    monkeypatch.setenv("AUTOTUNE__METRICS_PORT", "abc")
+    r = CliRunner().invoke(main, ["study", "list"])
+    assert (r.exit_code, type(r.exception)) == (2, SystemExit), r.output
+    assert r.output.startswith("error: setting AUTOTUNE__METRICS_PORT: Input should be a valid integer")
+
+
+def test_the_postgres_extra_carries_the_driver_of_the_deploy_url():
+    import re
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(re.match(r"psycopg\b", dep) for dep in extras["postgres"])
+    url = re.search(r"^AUTOTUNE__STORAGE=(\S+)$", (ROOT / "deploy" / "autotune.env.example").read_text(), re.M)[1]
+    assert url.startswith("postgresql+psycopg://")  # the driver the extra installs
+    assert "'.[test,report,llamacpp,postgres]'" in (ROOT / "Makefile").read_text()  # make setup gets it

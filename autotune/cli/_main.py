@@ -46,13 +46,19 @@ class _Main(click.Group):
             raise
         except Exception as e:  # noqa: BLE001  (the last resort, see the class doc)
             import errno
+            import os
             import traceback
+
+            from pydantic import ValidationError
 
             from autotune.core._store import scrub
 
             if logging.getLogger().isEnabledFor(logging.DEBUG):
                 traceback.print_exc()
-            storage = get_settings().storage
+            if isinstance(e, ValidationError) and e.title == "Settings":  # AUTOTUNE__METRICS_PORT=abc
+                fail("; ".join(f"setting AUTOTUNE__{'.'.join(map(str, err['loc'])).upper()}: {err['msg']}"
+                               for err in e.errors()), EXIT_INPUT)
+            storage = os.environ.get("AUTOTUNE__STORAGE")
             if isinstance(e, OSError) and e.filename:
                 code = EXIT_WRITE if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES,
                                                  errno.EPERM, errno.EFBIG) else EXIT_SOFTWARE
