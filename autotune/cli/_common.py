@@ -15,6 +15,7 @@ import click
 
 from autotune.core._settings import Settings
 from autotune.core._spec import SpecError, find_spec, load_spec
+from autotune.core._store import StoreError, check_url, error_line, has_password, safe_url, scrub
 from autotune.search._space import label
 
 EXIT_OK, EXIT_INPUT, EXIT_ENGINE, EXIT_WRITE, EXIT_INTERRUPTED = 0, 2, 3, 4, 130
@@ -50,8 +51,6 @@ def read_storage_file(path: str) -> str:
             urls.append(line[name.end():].strip().strip("'\"") if name else line)
     if not urls:
         fail(f"--storage-file {path}: no storage URL in it (one line, or AUTOTUNE__STORAGE=URL)")
-    from autotune.core._store import has_password
-
     if has_password(urls[0]) and stat.S_IMODE(mode) & 0o077:
         click.echo(f"warning: {path} holds a database password and other users may read it "
                    f"(mode {stat.S_IMODE(mode):04o}); chmod 600 {path}", err=True)
@@ -61,8 +60,6 @@ def read_storage_file(path: str) -> str:
 def resolve_storage(storage: str | None, storage_file: str | None) -> str | None:
     """``--storage`` or ``--storage-file`` (not both). A password on the command line is shown to
     every local user by ``ps``: it is used, with a warning naming the safe places for it."""
-    from autotune.core._store import has_password, safe_url
-
     if storage and storage_file:
         fail("give --storage or --storage-file, not both")
     if storage_file:
@@ -91,7 +88,6 @@ def storage_options(help: str):
 def run_storage(spec, storage: str | None, settings: Settings) -> str:
     """The storage a command reads for ``spec`` (``ops._runner.storage_for``), checked: exit 3 when
     it is no database URL, its driver is missing or its SQLite folder cannot be made."""
-    from autotune.core._store import StoreError
     from autotune.ops._runner import storage_for
 
     try:
@@ -102,8 +98,6 @@ def run_storage(spec, storage: str | None, settings: Settings) -> str:
 
 def checked_storage(url: str) -> str:
     """``url`` if it is a database URL whose driver is installed, else exit 3 naming it (masked)."""
-    from autotune.core._store import StoreError, check_url
-
     try:
         return check_url(url)
     except StoreError as e:
@@ -114,15 +108,11 @@ def study_summaries(url: str, include_best_trial: bool = False) -> list:
     """Optuna's study summaries in ``url``; a database that cannot be read is exit 3 (URL masked)."""
     import optuna
 
-    from autotune.core._store import safe_url, scrub
-
     checked_storage(url)
     try:
         return optuna.get_all_study_summaries(url, include_best_trial=include_best_trial)
     except Exception as e:  # the driver's or SQLAlchemy's error, whatever its class
-        text = str(getattr(e, "orig", None) or e).strip().splitlines()
-        fail(f"cannot read the studies in {safe_url(url)}: {scrub(text[0] if text else type(e).__name__, url)}",
-             EXIT_ENGINE)
+        fail(f"cannot read the studies in {safe_url(url)}: {scrub(error_line(e), url)}", EXIT_ENGINE)
 
 
 def load_recommendation(rec_dir: str, workload: str) -> dict:

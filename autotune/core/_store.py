@@ -202,11 +202,11 @@ def migrate(url: str, sql_dir: Path = SQL_DIR) -> list[int]:
     except StoreError:
         raise
     except Exception as e:
-        raise StoreError(f"cannot migrate autotune's tables in {safe_url(url)}: {scrub(_first_line(e), url)}") from e
+        raise StoreError(f"cannot migrate autotune's tables in {safe_url(url)}: {scrub(error_line(e), url)}") from e
     return applied_now
 
 
-def _first_line(e: BaseException) -> str:
+def error_line(e: BaseException) -> str:
     """A driver's error without SQLAlchemy's appended SQL and background link."""
     text = str(getattr(e, "orig", None) or e).strip()
     return text.splitlines()[0] if text else type(e).__name__
