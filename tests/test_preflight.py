@@ -256,6 +256,19 @@ def test_a_second_leader_of_one_workload_exits_75_naming_the_first(setup):
     assert not (setup["dir"] / "db.sqlite").exists()
 
 
+def test_the_same_workload_on_the_same_gpu_is_reported_as_the_gpu_busy(setup):
+    lead = FileLock(lead_lock_path(os.environ["AUTOTUNE__LOCK_DIR"], "code")).acquire(
+        what="daemon study of code on GPU 7", gpu="7")
+    try:
+        r = _start(setup, _write(setup))
+    finally:
+        lead.release()
+    assert r.returncode == 75, r.stderr
+    assert f"GPU 7 is busy: held by pid {os.getpid()}" in r.stderr and "daemon study of code" in r.stderr
+    assert "gpu-7.lock" in r.stderr
+    _nothing_written(setup)
+
+
 # ---- the lock folder: private, never through a symlink ----------------------------------------
 def test_default_lock_dir_is_private_to_the_user(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))

@@ -120,9 +120,10 @@ class FileLock:
         self._fd: int | None = None
 
     def acquire(self, what: str, wait: bool = False, timeout_s: float | None = None,
-                poll_s: float = 0.5, on_wait=None) -> "FileLock":
+                poll_s: float = 0.5, on_wait=None, **info) -> "FileLock":
         """Take the lock. Not waiting: raise LockHeld at once. Waiting: poll (so SIGTERM still
-        interrupts) until free or ``timeout_s``; ``on_wait(holder)`` is called once first."""
+        interrupts) until free or ``timeout_s``; ``on_wait(holder)`` is called once first.
+        ``info`` (JSON values) is written beside the holder's pid, host, what and since."""
         fd = open_lock_file(self.path)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         told = False
@@ -143,9 +144,9 @@ class FileLock:
             os.close(fd)
             raise
         self._fd = fd
-        info = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "what": what, "since": iso()})
+        data = json.dumps({**info, "pid": os.getpid(), "host": socket.gethostname(), "what": what, "since": iso()})
         os.ftruncate(fd, 0)
-        os.pwrite(fd, info.encode() + b"\n", 0)
+        os.pwrite(fd, data.encode() + b"\n", 0)
         return self
 
     def holder(self) -> dict:

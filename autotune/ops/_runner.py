@@ -187,7 +187,7 @@ def run(req: RunRequest, settings: Settings | None = None, echo: Echo | None = N
         try:
             try:
                 if lead is not None:  # one leader per workload: a second confirms and decides nothing twice
-                    lead.acquire(what=what, wait=req.wait_for_gpu,
+                    lead.acquire(what=what, wait=req.wait_for_gpu, gpu=settings.gpu,
                                  on_wait=lambda h: echo(f"workload {spec.workload} is being studied ({_holder(h)}); "
                                                         "waiting"))
                 lock.acquire(what=what, wait=req.wait_for_gpu,
@@ -195,12 +195,13 @@ def run(req: RunRequest, settings: Settings | None = None, echo: Echo | None = N
             except LockHeld as e:
                 if lead is not None:
                     lead.release()
-                if lead is not None and e.path == lead.path:
+                same_gpu = e.holder.get("gpu") == settings.gpu and e.holder.get("host") == socket.gethostname()
+                if lead is not None and e.path == lead.path and not same_gpu:  # on this GPU: it is busy, below
                     return fail(f"workload {spec.workload} is being studied already: {_holder(e.holder)}; one "
                                 f"leader per workload (lock {e.path}); rerun later, pass --wait, or join its study "
                                 f"from this GPU with `autotune worker --workload {spec.workload}`", EXIT_BUSY)
                 return fail(f"GPU {settings.gpu} is busy: {_holder(e.holder)}; one study per GPU "
-                            f"(lock {e.path}); rerun later or pass --wait", EXIT_BUSY)
+                            f"(lock {lock.path}); rerun later or pass --wait", EXIT_BUSY)
             except LockDirError as e:
                 if lead is not None:
                     lead.release()
