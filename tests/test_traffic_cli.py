@@ -149,3 +149,14 @@ def test_read_only_home_exits_4_without_a_traceback(env):
     finally:
         (os_home / "home").chmod(0o700)
         shutil.rmtree(os_home)
+
+
+def test_a_symlink_planted_at_the_pool_lock_is_refused(env):
+    victim = env / "precious.txt"
+    victim.write_text("keep me\n")
+    (env / "home" / "traffic").mkdir(parents=True)
+    (env / "home" / "traffic" / ".lock").symlink_to(victim)
+    r = CliRunner().invoke(main, ["traffic", "import", str(write_jsonl(env / "a.jsonl", chat_rows(3)))])
+    assert (r.exit_code, type(r.exception)) == (4, SystemExit), r.output
+    assert "is a symlink: refused (not followed)" in r.output and victim.read_text() == "keep me\n"
+    assert sorted(p.name for p in (env / "home" / "traffic").iterdir()) == [".lock"]

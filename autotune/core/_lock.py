@@ -84,11 +84,16 @@ class _umask:
         os.umask(self.old)
 
 
-def open_lock_file(path: str | Path) -> int:
-    """A descriptor on the lock file ``path`` (created 0600) in its private folder; never through
-    a symlink, never onto anything but a regular file of this user."""
+def open_lock_file(path: str | Path, private: bool = True) -> int:
+    """A descriptor on the lock file ``path`` (created 0600); never through a symlink, never onto
+    anything but a regular file of this user. ``private``: its folder must be a private lock
+    folder (``private_lock_dir``); else (a lock beside a database, in the user's own folder) the
+    folder is only created."""
     path = Path(path)
-    private_lock_dir(path.parent)
+    if private:
+        private_lock_dir(path.parent)
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
     except OSError as e:
@@ -115,8 +120,9 @@ class LockHeld(RuntimeError):
 class FileLock:
     """An exclusive flock with holder info. Not reentrant; one instance per acquisition."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, private: bool = True):
         self.path = Path(path)
+        self.private = private
         self._fd: int | None = None
 
     def acquire(self, what: str, wait: bool = False, timeout_s: float | None = None,
@@ -124,7 +130,7 @@ class FileLock:
         """Take the lock. Not waiting: raise LockHeld at once. Waiting: poll (so SIGTERM still
         interrupts) until free or ``timeout_s``; ``on_wait(holder)`` is called once first.
         ``info`` (JSON values) is written beside the holder's pid, host, what and since."""
-        fd = open_lock_file(self.path)
+        fd = open_lock_file(self.path, self.private)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         told = False
         try:

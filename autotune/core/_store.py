@@ -233,8 +233,8 @@ def open_optuna_storage(url: str, **kw):
     if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
         _private_sqlite(url)
         path = Path(url.removeprefix("sqlite:///"))
-        with FileLock(path.with_name(path.name + ".init-lock")).acquire(what="optuna schema", wait=True,
-                                                                         poll_s=0.1):
+        init_lock = FileLock(path.with_name(path.name + ".init-lock"), private=False)
+        with init_lock.acquire(what="optuna schema", wait=True, poll_s=0.1):
             return optuna.storages.RDBStorage(url, **kw)
     return optuna.storages.RDBStorage(url, **kw)
 

@@ -65,6 +65,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from autotune.core._files import PRIVATE, AtomicFile, private_dir, write_json
+from autotune.core._lock import open_lock_file
 from autotune.traffic._workloads import Classifier, explicit_tag, prompt_text
 
 log = logging.getLogger("autotune.traffic")
@@ -547,7 +548,7 @@ def ensure_private_dir(d: Path) -> Path:
 def pool_lock(home: str | Path, shared: bool = False):
     """Serializes imports (exclusive) against each other and against sampling (shared)."""
     d = ensure_private_dir(traffic_dir(home))
-    fd = os.open(d / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fd = open_lock_file(d / ".lock", private=False)  # never through a symlink planted there
     try:
         try:
             import fcntl
