@@ -86,9 +86,11 @@ def history(workload: str, recommendations_dir: str | Path, store=None) -> list[
     out = []
     for p in files:
         try:
-            out.append(json.loads(p.read_text()))
-        except (OSError, ValueError):
+            rec = json.loads(p.read_text())
+        except (OSError, ValueError, RecursionError):
             continue
+        if isinstance(rec, dict):  # a copy edited into something else is no recommendation
+            out.append(rec)
     return out
 
 
