@@ -281,3 +281,14 @@ def test_a_missing_dependency_is_exit_3_not_a_bug(env, monkeypatch):
     r = CliRunner().invoke(main, ["recommend", "show", "code"])
     assert (r.exit_code, type(r.exception)) == (3, SystemExit)
     assert r.output.startswith("error: building tiny models needs torch") and "bug" not in r.output
+
+
+def test_ctrl_c_in_any_command_is_130_not_1(env, monkeypatch):
+    from autotune.cli import _main
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_main, "spec_for", interrupted)
+    r = CliRunner().invoke(main, ["recommend", "show", "code"])
+    assert (r.exit_code, r.output) == (130, "error: interrupted\n")

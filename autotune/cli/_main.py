@@ -23,8 +23,8 @@ import sys
 
 import click
 
-from autotune.cli._common import (EXIT_ENGINE, EXIT_INPUT, EXIT_SOFTWARE, EXIT_WRITE, fail, load_recommendation,
-                                  print_event, spec_for, storage_options, study_summaries)
+from autotune.cli._common import (EXIT_ENGINE, EXIT_INPUT, EXIT_INTERRUPTED, EXIT_SOFTWARE, EXIT_WRITE, fail,
+                                  load_recommendation, print_event, spec_for, storage_options, study_summaries)
 from autotune.core._settings import get_settings
 from autotune.core._store import safe_url
 from autotune.engines._serverlog import engine_note_lines
@@ -45,6 +45,8 @@ class _Main(click.Group):
             return super().invoke(ctx)
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
+        except KeyboardInterrupt:  # click would say "Aborted!" and exit 1
+            fail("interrupted", EXIT_INTERRUPTED)
         except Exception as e:  # noqa: BLE001  (the last resort, see the class doc)
             import errno
             import os
@@ -212,7 +214,8 @@ def _show_lines(rec: dict) -> list[str]:
     if "llama_server_args" in rec:
         out.append(f"  add to llama-server: {' '.join(_q(a) for a in rec['llama_server_args']) or '(nothing)'}")
         if rec.get("llama_server_env"):
-            out.append("  or in its environment: " + " ".join(f"{k}={_q(v)}" for k, v in rec["llama_server_env"].items())
+            env = " ".join(f"{k}={_q(v)}" for k, v in rec["llama_server_env"].items())
+            out.append(f"  or in its environment: {env}"
                        + (f" (no environment form: {', '.join(rec['llama_server_env_missing'])})"
                           if rec.get("llama_server_env_missing") else ""))
     else:

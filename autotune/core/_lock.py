@@ -62,8 +62,8 @@ def private_lock_dir(d: str | Path) -> Path:
         raise LockDirError(errno.ENOTDIR, f"lock folder {d} is not a folder (a symlink or a file): refused; remove "
                                           f"it or set AUTOTUNE__LOCK_DIR to a folder of your own")
     if st.st_uid != os.geteuid():
-        raise LockDirError(errno.EPERM, f"lock folder {d} belongs to uid {st.st_uid}, not to you "
-                                        f"(uid {os.geteuid()}): refused; set AUTOTUNE__LOCK_DIR to a folder of your own")
+        raise LockDirError(errno.EPERM, f"lock folder {d} belongs to uid {st.st_uid}, not to you (uid "
+                                        f"{os.geteuid()}): refused; set AUTOTUNE__LOCK_DIR to a folder of your own")
     if st.st_mode & 0o077:
         try:
             os.chmod(d, 0o700, follow_symlinks=False)
