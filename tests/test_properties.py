@@ -10,6 +10,7 @@ import re
 import tempfile
 from pathlib import Path
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -34,8 +35,19 @@ def _keyed(keys: list[str]):
     return st.dictionaries(st.one_of(st.sampled_from(keys), st.text(max_size=6)), VALUES, max_size=len(keys) + 2)
 
 
+_ROOT: list[Path] = []
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _examples_root(tmp_path_factory):
+    """One pytest temp folder for all examples (pytest prunes old ones), not thousands in /tmp."""
+    _ROOT.append(tmp_path_factory.mktemp("examples"))
+    yield
+    _ROOT.pop()
+
+
 def _file(data: bytes, name: str) -> Path:
-    d = Path(tempfile.mkdtemp(prefix="autotune-prop-"))
+    d = Path(tempfile.mkdtemp(prefix="x", dir=_ROOT[-1]))
     p = d / name
     p.write_bytes(data)
     return p
