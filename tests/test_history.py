@@ -208,6 +208,15 @@ def test_recommend_diff_and_history_commands(env):
     assert "  drift: incumbent ngram K=4 accepts 0.20" in show.output
 
 
+def test_a_history_copy_edited_into_a_list_is_skipped(tmp_path):
+    d = _history.history_dir(tmp_path, "code")
+    d.mkdir(parents=True)
+    (d / "2026-11-28T020000Z-a-change.json").write_text(json.dumps(_payload()))
+    (d / "2026-11-29T020000Z-b-keep.json").write_text("[1, 2]")
+    (d / "2026-11-30T020000Z-c-keep.json").write_text("[" * 100_000)
+    assert _history.history("code", tmp_path) == [_payload()]
+
+
 def test_db_report_command(env):
     _history.write(_payload(), env["recs"], env["store"])
     r = CliRunner().invoke(main, ["db", "report", "latest_recommendations"])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 import textwrap
@@ -18,7 +19,7 @@ import pytest
 import yaml
 
 from autotune.traffic import _replayset
-from autotune.core._lock import FileLock, gpu_lock_path
+from autotune.core._lock import FileLock, LockDirError, default_lock_dir, gpu_lock_path, lead_lock_path
 from autotune.traffic._replayset import ReplayRequest
 from autotune.core._store import Store
 
@@ -190,15 +191,22 @@ def test_unreadable_traffic_pool_in_a_nightly_run(setup):
 
 
 # ---- the GPU lock ---------------------------------------------------------------------------
-def test_gpu_busy_exits_75_naming_the_holder_and_writes_nothing(setup):
-    lock = FileLock(gpu_lock_path(os.environ["AUTOTUNE__LOCK_DIR"], "7")).acquire(what="daemon study of chat")
+@pytest.mark.parametrize("held", ["gpu", "lead"])
+def test_gpu_busy_exits_75_naming_the_holder_and_writes_nothing(setup, held):
+    """The GPU's own lock held, or the workload's lead lock held by a study on this GPU (the same
+    workload again on the same GPU): either way the GPU is busy, and its lock is named."""
+    locks = os.environ["AUTOTUNE__LOCK_DIR"]
+    if held == "gpu":
+        lock = FileLock(gpu_lock_path(locks, "7")).acquire(what="daemon study of chat")
+    else:
+        lock = FileLock(lead_lock_path(locks, "code")).acquire(what="daemon study of chat on GPU 7", gpu="7")
     try:
         r = _start(setup, _write(setup))
     finally:
         lock.release()
     assert r.returncode == 75, r.stderr
     assert f"GPU 7 is busy: held by pid {os.getpid()}" in r.stderr and "daemon study of chat" in r.stderr
-    assert "pass --wait" in r.stderr
+    assert "pass --wait" in r.stderr and "gpu-7.lock" in r.stderr
     _nothing_written(setup)
     assert not (setup["dir"] / "db.sqlite").exists()
 
@@ -237,6 +245,70 @@ def test_lock_is_released_when_its_holder_is_killed(tmp_path):
     holder.kill()
     holder.wait()
     FileLock(path).acquire(what="after kill -9").release()  # no stale lock to clean up
+
+
+def test_a_second_leader_of_one_workload_exits_75_naming_the_first(setup):
+    """Two GPUs, one workload: the second `study start` would lead the same study (confirm,
+    decide, write) a second time; it exits 75 and points at `autotune worker` instead."""
+    lead = FileLock(lead_lock_path(os.environ["AUTOTUNE__LOCK_DIR"], "code")).acquire(
+        what="manual study of code on GPU 0")
+    try:
+        r = _start(setup, _write(setup))  # on GPU 7: its own GPU lock is free
+    finally:
+        lead.release()
+    assert r.returncode == 75, r.stderr
+    assert f"workload code is being studied already: held by pid {os.getpid()}" in r.stderr
+    assert "on GPU 0" in r.stderr and "autotune worker --workload code" in r.stderr
+    _nothing_written(setup)
+    assert not (setup["dir"] / "db.sqlite").exists()
+
+
+# ---- the lock folder: private, never through a symlink ----------------------------------------
+def test_default_lock_dir_is_private_to_the_user(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
+    (tmp_path / "run").mkdir()
+    assert default_lock_dir(tmp_path / "home") == tmp_path / "run" / "autotune"
+    monkeypatch.delenv("XDG_RUNTIME_DIR")
+    assert default_lock_dir(tmp_path / "home") == tmp_path / "home" / "locks"
+    assert "/tmp/autotune-locks" not in str(default_lock_dir())
+    lock = FileLock(gpu_lock_path(tmp_path / "home" / "locks", "0")).acquire(what="t")
+    try:
+        assert stat.S_IMODE((tmp_path / "home" / "locks").stat().st_mode) == 0o700
+        assert stat.S_IMODE((tmp_path / "home" / "locks" / "gpu-0.lock").stat().st_mode) == 0o600
+    finally:
+        lock.release()
+
+
+def test_a_planted_symlink_is_refused_and_its_target_untouched(setup, tmp_path):
+    locks = tmp_path / "locks"
+    locks.mkdir(mode=0o700)
+    victim = tmp_path / "precious.txt"
+    victim.write_text("keep me\n")
+    (locks / "gpu-7.lock").symlink_to(victim)
+    r = _start({**setup, "env": {**setup["env"], "AUTOTUNE__LOCK_DIR": str(locks)}}, _write(setup))
+    assert r.returncode == 2, r.stderr
+    assert f"error: lock file {locks / 'gpu-7.lock'} is a symlink: refused (not followed)" in r.stderr
+    assert victim.read_text() == "keep me\n"
+    _nothing_written(setup)
+
+
+def test_a_lock_dir_that_is_a_symlink_or_anothers_is_refused(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(real)
+    with pytest.raises(LockDirError, match="is not a folder \\(a symlink or a file\\): refused"):
+        FileLock(tmp_path / "link" / "gpu-0.lock").acquire(what="t")
+    if os.geteuid() == 0:
+        theirs = tmp_path / "theirs"
+        theirs.mkdir(mode=0o700)
+        os.chown(theirs, 65534, 65534)
+        with pytest.raises(LockDirError, match="belongs to uid 65534, not to you"):
+            FileLock(theirs / "gpu-0.lock").acquire(what="t")
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    loose.chmod(0o777)
+    FileLock(loose / "gpu-0.lock").acquire(what="t").release()
+    assert stat.S_IMODE(loose.stat().st_mode) == 0o700  # ours, merely loose: tightened
 
 
 # ---- --if-stale -----------------------------------------------------------------------------

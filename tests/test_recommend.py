@@ -48,11 +48,11 @@ def _leftovers(d: Path, keep: Path) -> list[str]:
 
 def test_write_atomic_writes_json(tmp_path):
     p = tmp_path / "new" / "dir" / "code.json"  # parents are created
-    out = write_atomic(p, {"a": 1, "path": Path("/x/y"), "nested": {"k": [1, 2]}})
+    out = write_atomic(p, {"decision": "keep", "path": Path("/x/y"), "nested": {"k": [1, 2]}})
     assert out == p
     text = p.read_text()
     assert text.endswith("}\n")
-    assert json.loads(text) == {"a": 1, "path": "/x/y", "nested": {"k": [1, 2]}}
+    assert json.loads(text) == {"decision": "keep", "path": "/x/y", "nested": {"k": [1, 2]}}
     assert _leftovers(p.parent, p) == []
     assert _recommend.load(tmp_path / "new" / "dir", "code") == json.loads(text)
 
@@ -137,6 +137,26 @@ def test_read_only_directory_leaves_previous_file_intact():
     finally:
         os.chmod(d, 0o700)
         shutil.rmtree(d)
+
+
+@pytest.mark.parametrize("text,why", [
+    ("[1, 2]", "not a recommendation autotune wrote (a JSON list where an object is expected)"),
+    ('{"workload": "code"}', "not a recommendation autotune wrote (field 'decision' is missing)"),
+    ('{"decision": "maybe"}', "field 'decision' is 'maybe', not keep, change or disable"),
+    ('{"decision": "keep", "evidence": []}', "field 'evidence' is a list, not a dict"),
+])
+def test_load_of_a_file_that_is_no_recommendation_names_it(tmp_path, text, why):
+    (tmp_path / "code.json").write_text(text)
+    with pytest.raises(ValueError) as ei:
+        _recommend.load(tmp_path, "code")
+    assert str(ei.value).startswith(f"{tmp_path / 'code.json'}: ") and why in str(ei.value)
+
+
+def test_load_of_broken_json_names_file_and_line(tmp_path):
+    (tmp_path / "code.json").write_text('{\n  "decision": "keep",\n  oops\n}\n')
+    with pytest.raises(ValueError) as ei:
+        _recommend.load(tmp_path, "code")
+    assert str(ei.value).startswith(f"{tmp_path / 'code.json'}:3: not valid JSON")
 
 
 def test_load_missing_names_the_file(tmp_path):

@@ -224,3 +224,41 @@ def test_tokenizer_counts_when_available(tmp_path):
     short = _row(2, prompt="b b b", max_tokens=8)
     assert counter.fits(short, 512)
     assert counter.methods["tokenizer"] == 1 and counter.methods["bytes bound"] == 1
+
+
+# ---- the replay-set reader ------------------------------------------------------------------
+def test_replay_line_with_a_raw_line_separator_is_one_request(tmp_path):
+    body = {"prompt": "first\u2028second\u2029third\x85fourth", "max_tokens": 4}
+    p = tmp_path / "r.jsonl"
+    p.write_text(json.dumps({"id": "a", "endpoint": "completions", "body": body}, ensure_ascii=False) + "\r\n"
+                 + json.dumps({"id": "b", "endpoint": "completions", "body": {"prompt": "x"}}) + "\n",
+                 encoding="utf-8")
+    rs = _replayset.load(p)
+    assert [r.id for r in rs.requests] == ["a", "b"] and rs.requests[0].body == body
+
+
+def test_replay_set_not_utf8_names_file_and_line(tmp_path):
+    p = tmp_path / "r.jsonl"
+    good = json.dumps({"id": "a", "endpoint": "completions", "body": {"prompt": "x"}}).encode()
+    p.write_bytes(good + b"\n\n" + good.replace(b'"x"', b'"\xc3("').replace(b'"a"', b'"b"') + b"\n")
+    with pytest.raises(_replayset.ReplaySetError) as ei:
+        _replayset.load(p)
+    bad_at = good.index(b"\"x\"") + 2  # 1-based: the byte after the quote
+    assert str(ei.value) == f"{p}:3: not UTF-8 (byte {bad_at} of the line)"
+
+
+@pytest.mark.parametrize("line,why", [
+    ('{"id": "a", "endpoint": "chat", "body": {"messages": "hi"}}', "'body.messages' must be a non-empty list"),
+    ('{"id": "a", "endpoint": "completions", "body": {"prompt": 3}}', "'body.prompt' must be a string"),
+    ('{"id": "a", "endpoint": "completions", "body": {"prompt": "x"}, "ts": "noon"}', "'ts' must be a number"),
+    ('{"id": "a", "endpoint": "completions", "body": {"prompt": "x"}, "tag": [1]}', "'tag' must be a string"),
+    ('{"id": {}, "endpoint": "completions", "body": {"prompt": "x"}}', "'id' must be a string"),
+    ('{"id": "a", "endpoint": "completions", "body": {"prompt": "x"}, "n": ' + "9" * 5000 + "}", "not usable JSON"),
+    ("[" * 100_000 + "]" * 100_000, "not usable JSON"),
+])
+def test_replay_line_of_the_wrong_shape_names_file_line_and_field(tmp_path, line, why):
+    p = tmp_path / "r.jsonl"
+    p.write_text(line + "\n")
+    with pytest.raises(_replayset.ReplaySetError) as ei:
+        _replayset.load(p)
+    assert str(ei.value).startswith(f"{p}:1: ") and why in str(ei.value)

@@ -13,6 +13,7 @@ import logging
 from pathlib import Path
 
 import httpx
+import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
 
@@ -107,8 +108,57 @@ def test_deploy_files_keep_the_database_password_out_of_unit_and_cron_files():
     with_password = re.compile(r"AUTOTUNE__STORAGE=\S*://[^:/@\s]+:[^@\s]+@")
     for p in sorted(root.glob("*.service")) + sorted(root.glob("*.cron")):
         assert not with_password.search(p.read_text()), f"{p.name}: a storage URL with a password"
-    worker = (root / "autotune-worker@.service").read_text()
-    assert re.search(r"^EnvironmentFile=/etc/autotune/autotune.env$", worker, re.M)
-    assert re.search(r"^EnvironmentFile=-/etc/autotune/autotune.env$", (root / "autotune-daemon.service").read_text(),
-                     re.M)
     assert with_password.search((root / "autotune.env.example").read_text())  # where it belongs
+
+
+@pytest.mark.parametrize("unit", ["autotune-daemon.service", "autotune-worker@.service"])
+def test_units_require_the_env_file_and_are_hardened(unit):
+    import re
+
+    text = (Path(__file__).resolve().parent.parent / "deploy" / unit).read_text()
+    # required: no "-" prefix, so a missing file stops the unit instead of falling back to SQLite
+    assert re.findall(r"^EnvironmentFile=(.*)$", text, re.M) == ["/etc/autotune/autotune.env"]
+    for line in ("NoNewPrivileges=yes", "PrivateTmp=yes", "ProtectSystem=full", "UMask=0077"):
+        assert re.search(rf"^{line}$", text, re.M), f"{unit}: {line}"
+
+
+def test_cron_runs_nothing_without_the_env_file(tmp_path):
+    import re
+    import subprocess
+
+    cron = (Path(__file__).resolve().parent.parent / "deploy" / "autotune.cron").read_text()
+    jobs = [ln.split(None, 6)[6] for ln in cron.splitlines()
+            if ln and not ln.startswith("#") and not re.match(r"[A-Z_]+=", ln)]
+    assert len(jobs) == 2
+    for job in jobs:
+        env_file = tmp_path / "autotune.env"
+        cmd = (job.replace("/etc/autotune/autotune.env", str(env_file))
+               .replace("/opt/autotune/.venv/bin/autotune", "echo RAN; echo")
+               .replace("/var/log/autotune/", f"{tmp_path}/"))
+        r = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True)
+        assert r.returncode == 2 and "RAN" not in r.stdout and "autotune.env is missing" in r.stderr
+        env_file.write_text("AUTOTUNE__STORAGE=sqlite:////var/lib/autotune/autotune.db\n")
+        r = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True)
+        assert r.returncode == 0 and "RAN" in r.stdout + "".join(p.read_text() for p in tmp_path.glob("*.log"))
+        env_file.unlink()
+
+
+@pytest.mark.parametrize("url,secret", [
+    ("postgresql+psycopg://autotune:s3cret-pw@db-host:port/autotune", "s3cret-pw"),  # SQLAlchemy cannot parse it
+    ("postgresql://autotune:p@ss-w0rd@db-host/autotune", "ss-w0rd"),  # an unescaped @: SQLAlchemy keeps half
+    ("postgresql://autotune:pa/ss-w0rd@db-host/autotune", "ss-w0rd"),
+    ("autotune:s3cret-pw@db-host", "s3cret-pw"),
+    ("host=db-host user=autotune password=s3cret-pw", "s3cret-pw"),
+])
+def test_every_url_is_masked_in_the_exporter_label_and_log(url, secret, caplog):
+    assert secret not in _store.safe_url(url) and "***" in _store.safe_url(url)
+    caplog.set_level(logging.DEBUG)
+    srv, _ = _exporter.serve([url], port=0)
+    try:
+        metrics = httpx.get(f"http://127.0.0.1:{srv.server_port}/metrics").text
+    finally:
+        srv.shutdown()
+    assert f'autotune_store_up{{storage="{_store.safe_url(url)}"}} 0.0' in metrics
+    assert secret not in metrics
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "exporter cannot read" in logged and secret not in logged

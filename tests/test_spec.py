@@ -234,6 +234,63 @@ def test_missing_file(tmp_path):
     assert "No such file" in msg
 
 
+def test_invalid_utf8_names_file_and_line(tmp_path):
+    p = tmp_path / "spec.yaml"
+    p.write_bytes(VALID.encode() + b"seed: 1\nincumbent: {method: \"ngr\xffam\"}\n")
+    assert _spec_error(p) == f"{p}:7: not UTF-8 text (byte 0xff); save the spec as UTF-8"
+
+
+def test_duplicate_key_names_both_lines(tmp_path):
+    text = VALID + "seed: 1\nbudget:\n  max_trials: 4\n  max_trials: 40\n"
+    p = _write(tmp_path, text)
+    msg = _spec_error(p)
+    assert msg.startswith(f"{p}:{_line(text, 'max_trials: 40')}: not valid YAML")
+    first = text.splitlines().index("  max_trials: 4") + 1
+    assert f"duplicate key 'max_trials' (first given on line {first})" in msg
+
+
+def test_duplicate_top_level_key(tmp_path):
+    text = VALID + "workload: other\n"
+    msg = _spec_error(_write(tmp_path, text))
+    assert "duplicate key 'workload' (first given on line 1)" in msg
+
+
+@pytest.mark.parametrize("k", ["{min: 1, max: 1000000000}", "{min: 65, max: 70}"])
+def test_k_beyond_the_largest_is_refused_at_once(tmp_path, k):
+    text = VALID + f"space:\n  methods: [ngram]\n  k: {k}\n"
+    p = _write(tmp_path, text)
+    msg = _spec_error(p)
+    assert f"{p}:{_line(text, 'k: {')}: field 'space.k." in msg and "less than or equal to 64" in msg
+
+
+def test_k_per_method_beyond_the_largest_is_refused(tmp_path):
+    text = VALID + "space:\n  methods: [ngram]\n  k_per_method:\n    ngram: {max: 100000}\n"
+    msg = _spec_error(_write(tmp_path, text))
+    assert "field 'space.k_per_method.ngram.max'" in msg and "64" in msg
+
+
+def test_alias_bomb_is_refused_without_walking_it(tmp_path):
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 9)]
+    p = _write(tmp_path, VALID + "\n".join(lines) + "\n")
+    assert "expands to more than 100000 YAML nodes" in _spec_error(p)
+
+
+@pytest.mark.parametrize("text,why", [
+    ("workload: w\nmodel: m\nreplay: {path: r, concurrency: 1}\nincumbent: {when: 2026-13-45}\n", "ValueError"),
+    ("[" * 5000 + "]" * 5000 + "\n", "RecursionError"),
+])
+def test_yaml_the_constructors_refuse_is_a_spec_error(tmp_path, text, why):
+    p = _write(tmp_path, text)
+    msg = _spec_error(p)
+    assert msg.startswith(f"{p}") and "not valid YAML" in msg
+
+
+def test_a_path_with_a_nul_byte_is_a_spec_error(tmp_path):
+    p = _write(tmp_path, VALID.replace("org/some-model", '"./m\\0odel"'))
+    assert "a path in the spec is unusable" in _spec_error(p)
+
+
 # --------------------------------------------------------------------------- find_spec
 
 

@@ -130,6 +130,17 @@ def test_garbage_is_not_an_exposition():
         tel.parse("")
 
 
+@pytest.mark.parametrize("content", [b"\xff\xfe garbage", b'{"schema": "autotune.telemetry/1", "before": 1, "after": []}',
+                                     b"[" * 100_000])
+def test_a_file_that_is_no_telemetry_exits_2_naming_it(tmp_path, content):
+    p = tmp_path / "t.json"
+    p.write_bytes(content)
+    for args in (["telemetry", "show", str(p)], ["telemetry", "show", str(p), str(p), "--window", "10s"]):
+        r = CliRunner().invoke(main, args)
+        assert (r.exit_code, type(r.exception)) == (2, SystemExit), r.output
+        assert r.output.startswith(f"error: {p}")
+
+
 def test_bundle_round_trip_and_two_files(tmp_path, code_window):
     b = tel.bundle(text("before.prom"), text("after_code.prom"), source="test", started_at=1000.0,
                    finished_at=1030.0, samples=[{"t": 0, "running": 4, "kv": 0.1}, {"t": 1, "running": 2, "kv": 0.3}])

@@ -99,3 +99,64 @@ def test_sample_bad_input_exits_2(env):
     assert r.exit_code == 2 and "cannot read time 'yesterday'" in r.output
     r = _run("traffic", "import", "--redact", "(", write_jsonl(env / "x.jsonl", chat_rows(1)))
     assert r.exit_code == 2 and "invalid --redact regex" in r.output
+
+
+# ---- write faults: exit 4, the pools as they were --------------------------------------------
+def _traffic_files(home: Path) -> dict[str, bytes]:
+    d = home / "traffic"
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir())} if d.is_dir() else {}
+
+
+def test_full_disk_during_import_exits_4_and_changes_no_pool(env, monkeypatch):
+    from _faults import full_disk_after
+
+    from autotune.traffic import _traffic
+
+    assert _run("traffic", "import", write_jsonl(env / "a.jsonl", chat_rows(5))).exit_code == 0
+    before = _traffic_files(env / "home")
+    monkeypatch.setattr(_traffic, "AtomicFile", full_disk_after(3000))  # fills while the new lines go in
+    r = CliRunner().invoke(main, ["traffic", "import", str(write_jsonl(env / "b.jsonl", chat_rows(20, prefix="b")))])
+    assert r.exit_code == 4, r.output
+    assert "error: cannot write the traffic pools: " in r.output and "No space left on device" in r.output
+    assert "the pools are unchanged" in r.output and "malformed" not in r.output
+    assert _traffic_files(env / "home") == before  # no torn line, no temp file left
+
+
+def test_read_only_home_exits_4_without_a_traceback(env):
+    import shutil
+    import tempfile
+
+    from _faults import as_other_user
+
+    log = write_jsonl(env / "a.jsonl", chat_rows(3))
+    os_home = Path(tempfile.mkdtemp(prefix="autotune-ro-home-"))  # under /tmp: another uid reaches it
+    try:
+        shutil.copy(log, os_home / "a.jsonl")
+        (os_home / "home").mkdir()
+        for p in (os_home, os_home / "a.jsonl"):
+            p.chmod(0o755 if p.is_dir() else 0o644)
+        (os_home / "home").chmod(0o555)
+
+        def import_as_user():
+            r = CliRunner().invoke(main, ["traffic", "import", "--home", str(os_home / "home"),
+                                          "--studies-dir", str(os_home), str(os_home / "a.jsonl")])
+            return r.exit_code, r.output, repr(r.exception) if not isinstance(r.exception, SystemExit) else None
+
+        code, out, exc = as_other_user(import_as_user)
+        assert (code, exc) == (4, None), out
+        assert f"error: cannot write the traffic pools: {os_home / 'home' / 'traffic'}: Permission denied" in out
+        assert list((os_home / "home").iterdir()) == []
+    finally:
+        (os_home / "home").chmod(0o700)
+        shutil.rmtree(os_home)
+
+
+def test_a_symlink_planted_at_the_pool_lock_is_refused(env):
+    victim = env / "precious.txt"
+    victim.write_text("keep me\n")
+    (env / "home" / "traffic").mkdir(parents=True)
+    (env / "home" / "traffic" / ".lock").symlink_to(victim)
+    r = CliRunner().invoke(main, ["traffic", "import", str(write_jsonl(env / "a.jsonl", chat_rows(3)))])
+    assert (r.exit_code, type(r.exception)) == (4, SystemExit), r.output
+    assert "is a symlink: refused (not followed)" in r.output and victim.read_text() == "keep me\n"
+    assert sorted(p.name for p in (env / "home" / "traffic").iterdir()) == [".lock"]

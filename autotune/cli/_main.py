@@ -8,8 +8,11 @@ Exit codes (stable; cron and the daemon read them; see ``autotune.ops._runner``)
      storage unreachable
   4  the recommendation could not be written (the previous file is left intact)
   5  the replay does not reproduce production (fidelity gate): no recommendation written
-  75 GPU busy: another study holds this GPU's lock (EX_TEMPFAIL; --wait waits instead)
+  70 an error autotune has no message for (EX_SOFTWARE: a bug; -vv prints the traceback)
+  75 busy: another study holds this GPU's lock, or leads this workload's study (EX_TEMPFAIL;
+     --wait waits instead)
   130 interrupted (SIGINT/SIGTERM): the running server was stopped, the trial marked failed
+Exit 1 is `drift check`'s and `recommend check`'s "retune needed" / "large gap", nothing else.
 """
 
 from __future__ import annotations
@@ -17,21 +20,59 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from pathlib import Path
 
 import click
 
-from autotune.cli._common import EXIT_ENGINE, EXIT_INPUT, fail, print_event, spec_for
+from autotune.cli._common import (EXIT_ENGINE, EXIT_INPUT, EXIT_INTERRUPTED, EXIT_SOFTWARE, EXIT_WRITE, fail,
+                                  load_recommendation, print_event, spec_for, storage_options, study_summaries)
 from autotune.core._settings import get_settings
-from autotune.core._spec import SpecError, load_spec
 from autotune.core._store import safe_url
 from autotune.engines._serverlog import engine_note_lines
-from autotune.ops._runner import storage_for
+from autotune.cli._common import hand_edited, run_storage
 from autotune.search._space import label
 from autotune.search._trial import noise_text
 
 
-@click.group()
+class _Main(click.Group):
+    """Every failure autotune foresees has its own message and exit code. Anything else still
+    ends in one ``error:`` line, never a traceback with exit 1 (which `drift check` uses for
+    "retune needed"): a missing dependency is exit 3, an OS error names its file (exit 4 when the
+    disk or the permissions refuse a write), anything else is exit 70 (EX_SOFTWARE, a bug; -vv
+    prints the traceback)."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except KeyboardInterrupt:  # click would say "Aborted!" and exit 1
+            fail("interrupted", EXIT_INTERRUPTED)
+        except Exception as e:  # noqa: BLE001  (the last resort, see the class doc)
+            import errno
+            import os
+            import traceback
+
+            from pydantic import ValidationError
+
+            from autotune.core._store import scrub
+
+            if logging.getLogger().isEnabledFor(logging.DEBUG):
+                traceback.print_exc()
+            if isinstance(e, ValidationError) and e.title == "Settings":  # AUTOTUNE__METRICS_PORT=abc
+                fail("; ".join(f"setting AUTOTUNE__{'.'.join(map(str, err['loc'])).upper()}: {err['msg']}"
+                               for err in e.errors()), EXIT_INPUT)
+            storage = os.environ.get("AUTOTUNE__STORAGE")
+            if isinstance(e, ImportError):  # an optional dependency this command needs is not installed
+                fail(scrub(f"{e} (a dependency this command needs is missing)", storage), EXIT_ENGINE)
+            if isinstance(e, OSError) and e.filename:
+                code = EXIT_WRITE if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES,
+                                                 errno.EPERM, errno.EFBIG) else EXIT_SOFTWARE
+                fail(scrub(f"{e.filename}: {e.strerror or e}", storage), code)
+            fail(scrub(f"unexpected {type(e).__name__}: {e} (a bug in autotune; -vv prints the traceback)",
+                       storage), EXIT_SOFTWARE)
+
+
+@click.group(cls=_Main)
 @click.option("-v", "--verbose", count=True, help="-v for INFO logs, -vv for DEBUG")
 def main(verbose: int) -> None:
     """Tune vLLM speculative decoding per workload, on replayed production traffic."""
@@ -51,10 +92,10 @@ def study() -> None:
 @study.command("start")
 @click.option("--workload", "-w", required=True, help="workload name (studies/<workload>.yaml)")
 @click.option("--spec", "spec_path", type=click.Path(dir_okay=False), help="study spec file (default: from --studies-dir)")
-@click.option("--storage", help="Optuna storage URL (default: AUTOTUNE__STORAGE, the spec's, or sqlite in .autotune)")
+@storage_options("Optuna storage URL (default: AUTOTUNE__STORAGE, the spec's, or sqlite in .autotune)")
 @click.option("--study-name", help="resume or name a study explicitly")
-@click.option("--max-trials", type=int, help="override budget.max_trials")
-@click.option("--max-server-starts", type=int, help="override budget.max_server_starts")
+@click.option("--max-trials", type=click.IntRange(min=1), help="override budget.max_trials")
+@click.option("--max-server-starts", type=click.IntRange(min=1), help="override budget.max_server_starts")
 @click.option("--pause-after-starts", type=click.IntRange(min=1), metavar="N",
               help="make at most N server starts in this run, then stop before confirming or deciding "
                    "(exit 0, nothing written); the next run resumes the study: a GPU window shorter than the study")
@@ -90,37 +131,32 @@ def study_start(workload, spec_path, storage, study_name, max_trials, max_server
 
 
 @study.command("list")
-@click.option("--storage", help="Optuna storage URL (default: every spec's storage)")
+@storage_options("Optuna storage URL (default: every spec's storage)")
 def study_list(storage) -> None:
-    """Studies in the storage(s): name, trials, best TPOT."""
-    import optuna
+    """Studies in the storage(s): name, trials, best TPOT. Exit 3 when a database cannot be read."""
+    from autotune.cli._ops import spec_storages
 
     settings = get_settings()
-    urls = {storage} if storage else set()
-    if not urls:
-        for p in sorted(Path(settings.studies_dir).glob("*.y*ml")):
-            try:
-                urls.add(storage_for(load_spec(p), None, settings))
-            except SpecError:
-                continue
+    urls = {storage} if storage else spec_storages(settings, default=False)
     for url in sorted(urls):
-        for s in optuna.get_all_study_summaries(url, include_best_trial=True):
+        for s in study_summaries(url, include_best_trial=True):
             best = f"{s.best_trial.value:.2f} ms" if s.best_trial and s.best_trial.value is not None else "-"
             click.echo(f"{s.study_name:40s} trials {s.n_trials:3d}  best {best:>10s}  {safe_url(url)}")
 
 
 @study.command("show")
 @click.argument("workload")
-@click.option("--storage")
+@storage_options("Optuna storage URL (default: AUTOTUNE__STORAGE, the spec's, or sqlite in .autotune)")
 @click.option("--study-name")
 def study_show(workload, storage, study_name) -> None:
-    """The trials of a workload's latest study, with their measurements."""
+    """The trials of a workload's latest study, with their measurements. Exit 3 when the database
+    cannot be read."""
     import optuna
 
     settings = get_settings()
     spec = spec_for(workload, None, settings)
-    url = storage_for(spec, storage, settings)
-    names = [s.study_name for s in optuna.get_all_study_summaries(url, include_best_trial=False)
+    url = run_storage(spec, storage, settings)
+    names = [s.study_name for s in study_summaries(url)
              if s.study_name.startswith(spec.study_name + "-") or s.study_name == study_name]
     if study_name:
         names = [study_name] if study_name in names else []
@@ -152,44 +188,53 @@ def recommend() -> None:
 @click.argument("workload")
 @click.option("--json", "as_json", is_flag=True, help="print the file as is")
 def recommend_show(workload, as_json) -> None:
-    """The current recommendation for a workload."""
-    from autotune.decide import _recommend
+    """The current recommendation for a workload (exit 2: none, or a file that is no recommendation)."""
     settings = get_settings()
     spec = spec_for(workload, None, settings)
-    try:
-        rec = _recommend.load(settings.recommendations_dir or spec.recommendations_dir, workload)
-    except FileNotFoundError as e:
-        fail(str(e), EXIT_INPUT)
+    rec_dir = settings.recommendations_dir or spec.recommendations_dir
+    rec = load_recommendation(rec_dir, workload)
     if as_json:
         click.echo(json.dumps(rec, indent=2))
         return
+    with hand_edited(rec_dir, workload):
+        lines = _show_lines(rec)
+    for line in lines:
+        click.echo(line)
+
+
+def _show_lines(rec: dict) -> list[str]:
+    from autotune.decide import _recommend
+
+    out = []
     ev = rec["evidence"]
-    click.echo(f"{rec['workload']}: {rec['decision']} — {rec['reason']}")
+    out.append(f"{rec['workload']}: {rec['decision']} — {rec['reason']}")
     if rec.get("warning"):
-        click.echo(f"  WARNING: {rec['warning']}")
-    click.echo(f"  speculative_config: {json.dumps(rec['speculative_config'])}")
+        out.append(f"  WARNING: {rec['warning']}")
+    out.append(f"  speculative_config: {json.dumps(rec['speculative_config'])}")
     if "llama_server_args" in rec:
-        click.echo(f"  add to llama-server: {' '.join(_q(a) for a in rec['llama_server_args']) or '(nothing)'}")
+        out.append(f"  add to llama-server: {' '.join(_q(a) for a in rec['llama_server_args']) or '(nothing)'}")
         if rec.get("llama_server_env"):
-            click.echo("  or in its environment: " + " ".join(f"{k}={_q(v)}" for k, v in rec["llama_server_env"].items())
+            env = " ".join(f"{k}={_q(v)}" for k, v in rec["llama_server_env"].items())
+            out.append(f"  or in its environment: {env}"
                        + (f" (no environment form: {', '.join(rec['llama_server_env_missing'])})"
                           if rec.get("llama_server_env_missing") else ""))
     else:
-        click.echo(f"  add to vllm serve:  {' '.join(_q(a) for a in rec['vllm_serve_args']) or '(nothing)'}")
+        out.append(f"  add to vllm serve:  {' '.join(_q(a) for a in rec['vllm_serve_args']) or '(nothing)'}")
     for line in _recommend.comparison_lines(ev):  # which comparison, starts per side, why a keep is a keep
-        click.echo(f"  {line}")
+        out.append(f"  {line}")
     for line in _per_level_lines(rec.get("per_level")):
-        click.echo(f"  {line}")
+        out.append(f"  {line}")
     for line in engine_note_lines(rec.get("engine_notes")):
-        click.echo(f"  {line}")
-    click.echo(f"  study {rec['study']['name']}: {rec['study']['server_starts']} server starts, "
+        out.append(f"  {line}")
+    out.append(f"  study {rec['study']['name']}: {rec['study']['server_starts']} server starts, "
                f"created {rec['created_at']}, expires {rec['expires_at']}")
     for note in (rec.get("drift") or {}).get("notes") or []:
-        click.echo(f"  drift: {note}")
+        out.append(f"  drift: {note}")
     from autotune.cli._trust import show_trust_lines  # fidelity, engine fingerprint, canary, kill criteria
 
     for line in show_trust_lines(rec):
-        click.echo(f"  {line}")
+        out.append(f"  {line}")
+    return out
 
 
 def _per_level_lines(per_level: dict | None) -> list[str]:

@@ -12,7 +12,7 @@ import sys
 
 import click
 
-from autotune.cli._common import EXIT_ENGINE, fail, print_event
+from autotune.cli._common import EXIT_ENGINE, fail, print_event, read_storage_file, storage_options
 from autotune.core._settings import get_settings
 
 
@@ -45,7 +45,7 @@ def daemon_run(workloads, run_now, metrics_addr, metrics_port, no_metrics) -> No
 @click.command("worker")
 @click.option("--workload", "-w", required=True)
 @click.option("--spec", "spec_path", type=click.Path(dir_okay=False))
-@click.option("--storage", help="the shared Optuna storage (PostgreSQL URL) of the study")
+@storage_options("the shared Optuna storage (PostgreSQL URL) of the study")
 @click.option("--study-name", help="join this study (default: the one the same inputs name)")
 @click.option("--wait", "wait_for_gpu", is_flag=True, help="wait for this host's GPU lock instead of exiting 75")
 def worker(workload, spec_path, storage, study_name, wait_for_gpu) -> None:
@@ -60,17 +60,21 @@ def worker(workload, spec_path, storage, study_name, wait_for_gpu) -> None:
 # ---- exporter -----------------------------------------------------------------------------
 @click.command("exporter")
 @click.option("--storage", "storages", multiple=True, help="database URL(s) (default: every spec's storage)")
+@click.option("--storage-file", "storage_files", multiple=True, type=click.Path(dir_okay=False),
+              help="read a database URL from this file (keep it 0600): a password stays out of the process list")
 @click.option("--addr", help="bind address (default AUTOTUNE__METRICS_ADDR, 127.0.0.1)")
 @click.option("--port", type=int, help="port (default AUTOTUNE__METRICS_PORT, 9464)")
-def exporter(storages, addr, port) -> None:
+def exporter(storages, storage_files, addr, port) -> None:
     """Serve the Prometheus metrics alone (for cron-driven setups without the daemon)."""
     import threading
 
+    from autotune.cli._common import resolve_storage
     from autotune.core._signals import graceful_stop
     from autotune.ops import _exporter
 
     settings = get_settings()
-    urls = set(storages) or _spec_storages(settings)
+    urls = ({resolve_storage(u, None) for u in storages} | {read_storage_file(f) for f in storage_files}
+            or spec_storages(settings))
     srv, _ = _exporter.serve(urls, addr or settings.metrics_addr, port if port is not None else settings.metrics_port)
     click.echo(f"metrics on http://{addr or settings.metrics_addr}:{srv.server_port}/metrics")
     try:
@@ -82,20 +86,27 @@ def exporter(storages, addr, port) -> None:
         srv.shutdown()
 
 
-def _spec_storages(settings) -> set[str]:
+def spec_storages(settings, default: bool = True) -> set[str]:
+    """The storages of every valid spec in the studies folder; none (and ``default``): the one a
+    run without a spec uses (AUTOTUNE__STORAGE, else SQLite in AUTOTUNE__HOME, created). A
+    storage that cannot be prepared is exit 3."""
     from pathlib import Path
 
     from autotune.core._spec import SpecError, load_spec
+    from autotune.core._store import StoreError
     from autotune.ops._runner import storage_for
 
     urls = set()
-    for p in sorted(Path(settings.studies_dir).glob("*.y*ml")):
-        try:
-            urls.add(storage_for(load_spec(p), None, settings))
-        except SpecError:
-            continue
-    if not urls:  # no spec: the default database in AUTOTUNE__HOME
-        urls.add(settings.storage or f"sqlite:///{Path(settings.home).resolve() / 'autotune.db'}")
+    try:
+        for p in sorted(Path(settings.studies_dir).glob("*.y*ml")):
+            try:
+                urls.add(storage_for(load_spec(p), None, settings))
+            except SpecError:
+                continue
+        if not urls and default:
+            urls.add(storage_for(None, None, settings))
+    except StoreError as e:
+        fail(str(e), EXIT_ENGINE)
     return urls
 
 
@@ -109,7 +120,7 @@ def _store_for(storage: str | None):
     from autotune.core._store import Store, StoreError
 
     settings = get_settings()
-    url = storage or sorted(_spec_storages(settings))[0]
+    url = storage or sorted(spec_storages(settings))[0]
     try:
         return Store(url)
     except StoreError as e:
@@ -117,13 +128,13 @@ def _store_for(storage: str | None):
 
 
 @db.command("migrate")
-@click.option("--storage", help="database URL (default: the first spec's storage)")
+@storage_options("database URL (default: the first spec's storage)")
 def db_migrate(storage) -> None:
     """Apply pending migrations from autotune/core/sql/migrations (also done at every start)."""
     from autotune.core._store import StoreError, migrate, safe_url
 
     settings = get_settings()
-    url = storage or sorted(_spec_storages(settings))[0]
+    url = storage or sorted(spec_storages(settings))[0]
     try:
         done = migrate(url)
     except StoreError as e:
@@ -133,7 +144,7 @@ def db_migrate(storage) -> None:
 
 @db.command("report")
 @click.argument("name")
-@click.option("--storage", help="database URL (default: the first spec's storage)")
+@storage_options("database URL (default: the first spec's storage)")
 @click.option("--json", "as_json", is_flag=True)
 def db_report(name, storage, as_json) -> None:
     """Run the shipped report NAME: latest_recommendations, recommendation_history, failures, runs."""
@@ -165,16 +176,13 @@ def _cell(v) -> str:
 
 # ---- recommend diff / history -----------------------------------------------------------------
 def _history_for(workload: str, storage: str | None):
-    from autotune.core._spec import SpecError, find_spec, load_spec
+    from autotune.cli._common import spec_for
     from autotune.core._store import Store, StoreError
     from autotune.decide import _history
     from autotune.ops._runner import recommendations_dir, storage_for
 
     settings = get_settings()
-    try:
-        spec = load_spec(find_spec(workload, settings.studies_dir))
-    except SpecError as e:
-        fail(str(e))
+    spec = spec_for(workload, None, settings)
     try:
         store = Store(storage_for(spec, storage, settings))
     except StoreError:
@@ -186,7 +194,7 @@ def _history_for(workload: str, storage: str | None):
 @click.argument("workload")
 @click.option("--from", "old_id", help="recommendation id to compare from (default: the one before the latest)")
 @click.option("--to", "new_id", help="recommendation id to compare to (default: the latest)")
-@click.option("--storage")
+@storage_options("database URL (default: AUTOTUNE__STORAGE, the spec's, or sqlite in .autotune)")
 def recommend_diff(workload, old_id, new_id, storage) -> None:
     """What changed between two recommendations of a workload, and why."""
     from autotune.decide import _history
@@ -212,7 +220,7 @@ def recommend_diff(workload, old_id, new_id, storage) -> None:
 
 @click.command("history")
 @click.argument("workload")
-@click.option("--storage")
+@storage_options("database URL (default: AUTOTUNE__STORAGE, the spec's, or sqlite in .autotune)")
 def recommend_history(workload, storage) -> None:
     """Every recommendation of a workload, newest first."""
     from autotune.decide._history import fmt_config

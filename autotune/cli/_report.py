@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from autotune.cli._common import EXIT_INPUT, fail, spec_for
+from autotune.cli._common import EXIT_INPUT, fail, run_storage, spec_for, storage_options, study_summaries
 
 
 @click.command("report")
@@ -14,7 +14,7 @@ from autotune.cli._common import EXIT_INPUT, fail, spec_for
 @click.option("--out", "out_dir", type=click.Path(file_okay=False),
               help="folder for report.md, report.html and the PNGs (default: <AUTOTUNE__HOME>/reports/<workload>)")
 @click.option("--spec", "spec_path", type=click.Path(dir_okay=False), help="study spec file (default: from studies/)")
-@click.option("--storage", help="Optuna storage URL (default: AUTOTUNE__STORAGE, the spec's, or sqlite in .autotune)")
+@storage_options("Optuna storage URL (default: AUTOTUNE__STORAGE, the spec's, or sqlite in .autotune)")
 @click.option("--study-name", help="a study other than the workload's latest")
 def report(workload, out_dir, spec_path, storage, study_name) -> None:
     """Write a workload's study report: plots and the recommendation."""
@@ -23,13 +23,12 @@ def report(workload, out_dir, spec_path, storage, study_name) -> None:
     from autotune.core._settings import get_settings
     from autotune.core._store import safe_url
     from autotune.decide import _recommend
-    from autotune.ops._runner import storage_for
     from autotune.report._report import ReportError, build
 
     settings = get_settings()
     spec = spec_for(workload, spec_path, settings)
-    url = storage_for(spec, storage, settings)
-    summaries = optuna.get_all_study_summaries(url, include_best_trial=False)
+    url = run_storage(spec, storage, settings)
+    summaries = study_summaries(url)
     names = [s.study_name for s in summaries if s.study_name.startswith(spec.study_name + "-")
              or s.study_name == study_name]
     if study_name:
@@ -41,7 +40,7 @@ def report(workload, out_dir, spec_path, storage, study_name) -> None:
         rec = _recommend.load(settings.recommendations_dir or spec.recommendations_dir, workload)
         if (rec.get("study") or {}).get("name") not in (None, names[-1]):
             rec = None  # the recommendation of another study (other inputs): not this report's
-    except FileNotFoundError:
+    except (FileNotFoundError, ValueError):  # none, or not one autotune wrote: the report without it
         rec = None
     out = Path(out_dir) if out_dir else Path(settings.home) / "reports" / workload
     try:

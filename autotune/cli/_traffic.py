@@ -1,7 +1,8 @@
 """``autotune traffic``: import production request logs into pools, sample replay sets from them.
 
 Exit codes follow ``autotune.cli._main``: 0 done, 2 bad input (nothing usable imported, no pool, a bad
-option or spec; the message says which).
+option or spec; the message says which), 4 a pool or replay set could not be written (read-only
+home, full disk): the files are as they were.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from autotune.cli._common import fail
+from autotune.cli._common import EXIT_WRITE, fail
 from autotune.core._settings import get_settings
 from autotune.core._spec import SpecError, find_spec, load_spec
 
@@ -53,7 +54,7 @@ def traffic() -> None:
 def traffic_import(paths, fmt, workload, spec_path, studies_dir, redact, synthesize, trace_start, replace, home) -> None:
     """Import request logs (JSONL, gzip, globs, folders) into per-workload pools."""
     from autotune.traffic._sampling import SampleError, parse_time
-    from autotune.traffic._traffic import ImportOptions, TrafficError, import_paths
+    from autotune.traffic._traffic import ImportOptions, PoolWriteError, TrafficError, import_paths
     from autotune.traffic._workloads import Classifier, slug
 
     if workload and slug(workload) != workload:
@@ -71,6 +72,8 @@ def traffic_import(paths, fmt, workload, spec_path, studies_dir, redact, synthes
                               options=ImportOptions(synthesize=synthesize, trace_start=start), replace=replace)
     except TrafficError as e:
         fail(str(e))
+    except PoolWriteError as e:
+        fail(e.strerror, EXIT_WRITE)
     for pat in report.missing:
         click.echo(f"warning: {pat}: no files match", err=True)
     for fr in report.files:
@@ -140,6 +143,9 @@ def traffic_sample(workload, n, since, until, window_hours, all_time, seed, out,
             max_model_len=max_model_len, use_tokenizer=not no_tokenizer, redact=list(redact))
     except (SampleError, TrafficError) as e:
         fail(str(e))
+    except OSError as e:  # the replay set or its manifest: the previous ones are intact
+        fail(f"cannot write {e.filename or out or 'the replay set'}: {e.strerror or e}; the previous replay set "
+             f"is unchanged", EXIT_WRITE)
     m = result.manifest
     c = m["counts"]
     w = m["window"]

@@ -13,19 +13,14 @@ import sys
 
 import click
 
-from autotune.cli._common import fail
+from autotune.cli._common import fail, hand_edited, load_recommendation, spec_for
 from autotune.core._settings import get_settings
 
 EXIT_OK, EXIT_FLAG, EXIT_INPUT, EXIT_UNREACHABLE = 0, 1, 2, 3
 
 
 def _spec(workload: str, spec_path: str | None):
-    from autotune.core._spec import SpecError, find_spec, load_spec
-
-    try:
-        return load_spec(spec_path or find_spec(workload, get_settings().studies_dir))
-    except SpecError as e:
-        fail(str(e))
+    return spec_for(workload, spec_path, get_settings())
 
 
 def _rec_dir(spec) -> str:
@@ -127,10 +122,11 @@ def drift_check(workload, spec_path, replay, telemetry_path, as_json) -> None:
     from autotune.trust._telemetry import TelemetryError
 
     spec = _spec(workload, spec_path)
-    try:
-        res = _runner.drift_result(spec, replay, telemetry_path)
-    except (ReplaySetError, TelemetryError, ValueError) as e:
-        fail(str(e))
+    with hand_edited(_rec_dir(spec), workload):
+        try:
+            res = _runner.drift_result(spec, replay, telemetry_path)
+        except (ReplaySetError, TelemetryError, ValueError) as e:
+            fail(str(e))
     _report_check(spec, "drift", res, as_json, _drift.drift_lines, res["retune"])
 
 
@@ -148,12 +144,7 @@ def _report_check(spec, kind: str, res: dict, as_json: bool, to_lines, flagged: 
 
 # ---- recommend mark-deployed / check ------------------------------------------------------------
 def _current(spec) -> dict:
-    from autotune.decide._recommend import load
-
-    try:
-        return load(_rec_dir(spec), spec.workload)
-    except FileNotFoundError as e:
-        fail(str(e))
+    return load_recommendation(_rec_dir(spec), spec.workload)
 
 
 @click.command("mark-deployed")
@@ -167,7 +158,8 @@ def recommend_mark_deployed(workload, spec_path, note) -> None:
 
     spec = _spec(workload, spec_path)
     rec = _current(spec)
-    mark = _drift.mark_deployed(_rec_dir(spec), rec, note)
+    with hand_edited(_rec_dir(spec), workload):
+        mark = _drift.mark_deployed(_rec_dir(spec), rec, note)
     click.echo(f"{workload}: recommendation {mark['recommendation']} ({rec['decision']}, "
                f"{fmt_config(rec.get('speculative_config'))}) marked deployed at {mark['deployed_at']}")
 
@@ -189,7 +181,8 @@ def recommend_check(workload, spec_path, telemetry_path, as_json) -> None:
         mark = json.loads(_drift.deployed_path(_rec_dir(spec), workload).read_text())
     except (OSError, ValueError):
         mark = None
-    res = _drift.realized(rec, mark, tel)
+    with hand_edited(_rec_dir(spec), workload):
+        res = _drift.realized(rec, mark, tel)
     _report_check(spec, "realized", res, as_json, _drift.realized_lines, res["gap_flagged"])
 
 

@@ -29,7 +29,8 @@ class Settings(BaseSettings):
     hardware: str | None = None
     """What the trials run on, for the study fingerprint (default: detected, see engines._hardware)."""
     lock_dir: str | None = None
-    """Where the GPU locks and server pidfiles live (default: $TMPDIR/autotune-locks, host-wide)."""
+    """Where the GPU locks and server pidfiles live (default: $XDG_RUNTIME_DIR/autotune, else
+    <home>/locks); a private folder (0700, yours): any other is refused."""
     server_cpus: str | None = None
     """CPUs for every server start (cpulist, e.g. ``0-11``: the accelerator's local cores, as
     ``nvidia-smi topo -m`` lists them), so that every start runs where the last one did."""
@@ -46,7 +47,7 @@ class Settings(BaseSettings):
     def lock_path(self):
         from pathlib import Path
 
-        return Path(self.lock_dir) if self.lock_dir else default_lock_dir()
+        return Path(self.lock_dir) if self.lock_dir else default_lock_dir(self.home)
 
     def vllm_argv(self) -> list[str] | None:
         return shlex.split(self.vllm_command) if self.vllm_command else None

@@ -131,9 +131,14 @@ class ReplaySpec(_Model):
         return {lv: float(w) / total for lv, w in zip(levels, raw)}
 
 
+MAX_K = 64
+"""The largest ``num_speculative_tokens`` a spec may ask for: far above what pays on any engine
+(the studies stop at 8-16), low enough that the space (every K of every method) stays small."""
+
+
 class KRange(_Model):
-    min: int = Field(default=1, ge=1)
-    max: int = Field(default=8, ge=1)
+    min: int = Field(default=1, ge=1, le=MAX_K)
+    max: int = Field(default=8, ge=1, le=MAX_K)
 
     @model_validator(mode="after")
     def _ordered(self):
@@ -628,22 +633,103 @@ def _line_of(root, loc: tuple) -> int | None:
     return line
 
 
-def load_spec(path: str | Path) -> StudySpec:
-    """Load and validate a study spec; SpecError names file, field and line."""
+MAX_YAML_NODES = 100_000
+"""A spec is a page of YAML: one whose aliases expand past this many nodes is refused before
+anything walks it (a "billion laughs" file would otherwise hang the loader)."""
+
+
+def _yaml_loader():
     import yaml
 
-    path = Path(path)
+    class StrictLoader(yaml.SafeLoader):
+        """PyYAML's safe loader, except that a key given twice in one mapping is an error
+        (PyYAML keeps the last silently: a spec would run with a value its reader did not see)."""
+
+        def construct_mapping(self, node, deep=False):
+            if isinstance(node, yaml.MappingNode):
+                seen: dict = {}
+                for key_node, _ in node.value:
+                    if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+                        continue
+                    key = self.construct_object(key_node, deep=deep)
+                    if key in seen:
+                        raise yaml.constructor.ConstructorError(
+                            None, None, f"duplicate key {key!r} (first given on line {seen[key] + 1})",
+                            key_node.start_mark)
+                    seen[key] = key_node.start_mark.line
+            return super().construct_mapping(node, deep=deep)
+
+    return StrictLoader
+
+
+def _expanded_size(node, limit: int) -> int:
+    """Nodes in the tree ``node`` stands for, aliases expanded (counted once per distinct node, so
+    the walk itself stays linear); stops counting past ``limit``."""
+    import yaml
+
+    memo: dict[int, int] = {}
+
+    def size(n) -> int:
+        if id(n) in memo:
+            return memo[id(n)]
+        memo[id(n)] = 1  # a node that refers to itself (PyYAML allows it) counts once
+        total = 1
+        if isinstance(n, yaml.MappingNode):
+            children = [c for pair in n.value for c in pair]
+        elif isinstance(n, yaml.SequenceNode):
+            children = n.value
+        else:
+            children = []
+        for c in children:
+            total += size(c)
+            if total > limit:
+                break
+        memo[id(n)] = total
+        return total
+
+    return size(node) if node is not None else 0
+
+
+def _read_yaml(path: Path):
+    """(data, root node) of a spec file; SpecError names the file and the line of any problem:
+    unreadable, not UTF-8, not YAML, a duplicate key, aliases that expand too far."""
+    import yaml
+
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except OSError as e:
         raise SpecError(f"{path}: cannot read study spec ({e.strerror})") from None
     try:
-        data = yaml.safe_load(text)
-        root = yaml.compose(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise SpecError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[e.start]:02x}); save the spec as UTF-8") from None
+    loader = None
+    try:
+        loader = _yaml_loader()(text)  # its reader refuses control characters at once
+        root = loader.get_single_node()
+        if _expanded_size(root, MAX_YAML_NODES) > MAX_YAML_NODES:
+            raise SpecError(f"{path}: expands to more than {MAX_YAML_NODES} YAML nodes (aliases): not a study spec")
+        data = loader.construct_document(root) if root is not None else None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f":{mark.line + 1}" if mark else ""
-        raise SpecError(f"{path}{where}: not valid YAML ({getattr(e, 'problem', e)})") from None
+        raise SpecError(f"{path}{where}: not valid YAML ({getattr(e, 'problem', None) or e})") from None
+    except (ValueError, TypeError, OverflowError, RecursionError) as e:  # PyYAML's own constructors:
+        # a date like 2026-13-45, nesting deeper than Python's stack
+        if isinstance(e, SpecError):
+            raise
+        raise SpecError(f"{path}: not valid YAML ({type(e).__name__}: {e})") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+    return data, root
+
+
+def load_spec(path: str | Path) -> StudySpec:
+    """Load and validate a study spec; SpecError names file, field and line."""
+    path = Path(path)
+    data, root = _read_yaml(path)
     if not isinstance(data, dict):
         raise SpecError(f"{path}: a study spec is a mapping of fields")
     try:
@@ -657,6 +743,14 @@ def load_spec(path: str | Path) -> StudySpec:
             msg = err["msg"].removeprefix("Value error, ")
             msgs.append(f"{path}:{line}: field '{field}': {msg}" if line else f"{path}: field '{field}': {msg}")
         raise SpecError("\n".join(msgs)) from None
+    try:
+        return _localized(spec, path)
+    except (ValueError, OSError) as e:  # a path with a NUL byte, a $VAR that makes one
+        raise SpecError(f"{path}: a path in the spec is unusable ({e})") from None
+
+
+def _localized(spec: StudySpec, path: Path) -> StudySpec:
+    """``spec`` with its relative paths made absolute (relative to the spec file) and expanded."""
     base = path.parent.resolve()
     space = spec.space.model_copy(update={
         "draft_models": [_expand(p, base) for p in spec.space.draft_models],

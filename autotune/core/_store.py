@@ -68,30 +68,60 @@ def migrations(sql_dir: Path = SQL_DIR) -> list[Migration]:
     return found
 
 
-_SECRET_QUERY_KEYS = {"password", "passwd", "pwd", "sslpassword", "secret", "token"}
+_SECRET_QUERY_KEYS = ("password", "passwd", "pwd", "sslpassword", "secret", "token")
+_SECRET_PARAM = re.compile(r"(?i)((?:^|[?&;\s])(?:" + "|".join(_SECRET_QUERY_KEYS) + r")=)[^&;\s]*")
+
+
+def _userinfo(url: str) -> tuple[int, int] | None:
+    """Where the password of ``scheme://user:password@host...`` (or ``user:password@host``) lies:
+    after the user's ``:`` up to the last ``@`` before the query. A password may hold ``/``, ``@``
+    or ``?`` unescaped; SQLAlchemy would take part of it for the host, so this reads the raw string."""
+    head = url.find("://")
+    begin = head + 3 if head >= 0 else 0
+    if url.startswith("/", begin):  # sqlite:////path: no user, no host
+        return None
+    at = url.rfind("@", begin)
+    if at < 0:
+        return None
+    colon = url.find(":", begin, at)
+    return (colon + 1, at) if colon >= 0 else None
 
 
 def safe_url(url: str) -> str:
     """The URL to show anywhere (files, tables, CLI, logs, metrics labels): password masked.
 
-    The one masking function: SQLAlchemy's own rendering (``hide_password``), plus password-like
-    query parameters (libpq's ``?password=``); a string SQLAlchemy cannot parse is masked
-    between ``://user:`` and ``@``."""
-    import sqlalchemy as sa
-
+    The one masking function, for every URL autotune prints, parsable or not: whatever lies
+    between ``user:`` and the last ``@`` of the authority, and password-like parameters
+    (``?password=``, libpq's ``password=`` in a key/value string), become ``***``. Everything
+    else is shown as given (sqlite paths stay readable)."""
     if url is None:
         return url
-    try:
-        u = sa.engine.make_url(url)
-    except Exception:
-        masked = re.sub(r"://([^:/@]*):[^@/]*@", r"://\1:***@", str(url))
-        return re.sub(r"(?i)([?&](?:" + "|".join(_SECRET_QUERY_KEYS) + r")=)[^&]*", r"\1***", masked)
-    if u.password is None and not any(k.lower() in _SECRET_QUERY_KEYS for k in u.query):
-        return str(url)  # nothing to hide: the URL as given (sqlite paths stay readable)
-    hidden = {k: "***" for k in u.query if k.lower() in _SECRET_QUERY_KEYS}
-    if hidden:
-        u = u.update_query_dict(hidden)
-    return u.render_as_string(hide_password=True).replace("%2A%2A%2A", "***")
+    s = _SECRET_PARAM.sub(r"\1***", str(url))
+    span = _userinfo(s)
+    if span is not None:
+        s = s[:span[0]] + "***" + s[span[1]:]
+    return s
+
+
+def has_password(url: str | None) -> bool:
+    """Whether ``url`` carries a secret that ``safe_url`` would mask."""
+    return bool(url) and safe_url(url) != url
+
+
+def scrub(text: str, url: str | None) -> str:
+    """``text`` (an error message, a log line) with ``url`` and its password masked, for messages
+    of libraries (SQLAlchemy, drivers) that quote the URL they were given."""
+    if not url:
+        return text
+    text = text.replace(url, safe_url(url))
+    span = _userinfo(url)
+    secret = url[span[0]:span[1]] if span else ""
+    # the whole password, then its pieces: a library that split it at an unescaped @ or / quotes
+    # one piece as the host or the database
+    for piece in sorted({secret, *re.split(r"[@/?#:]", secret)}, key=len, reverse=True):
+        if len(piece) >= 3:
+            text = text.replace(piece, "***")
+    return _SECRET_PARAM.sub(r"\1***", text)
 
 
 def _private_sqlite(url: str) -> None:
@@ -102,24 +132,50 @@ def _private_sqlite(url: str) -> None:
 
 
 def engine_for(url: str):
-    """One SQLAlchemy engine per URL per process (SQLite: 30 s busy timeout, like Optuna's)."""
-    import sqlalchemy as sa
-
+    """One SQLAlchemy engine per URL per process (SQLite: 30 s busy timeout, like Optuna's).
+    A URL that is no database URL, or whose driver is not installed, is a StoreError."""
     with _engines_lock:
         eng = _engines.get(url)
         if eng is None:
-            _private_sqlite(url)
-            kw: dict = {"pool_pre_ping": True}
-            if url.startswith("sqlite"):
-                kw["connect_args"] = {"timeout": 30}
-            eng = _engines[url] = sa.create_engine(url, **kw)
+            eng = _engines[url] = _create_engine(url)
         return eng
+
+
+def check_url(url: str) -> str:
+    """``url`` if SQLAlchemy can parse it and its driver is installed, else StoreError."""
+    engine_for(url)
+    return url
+
+
+def _create_engine(url: str):
+    import sqlalchemy as sa
+
+    try:
+        u = sa.engine.make_url(url)
+        u.port  # noqa: B018  (a port that is no number raises here, not at the first connection)
+    except (sa.exc.ArgumentError, ValueError) as e:
+        raise StoreError(f"storage {safe_url(url)} is not a database URL ({scrub(str(e), url)}); the form is "
+                         f"sqlite:////path/to/autotune.db or postgresql+psycopg://user@host/db (a password in "
+                         f"AUTOTUNE__STORAGE or --storage-file)") from None
+    kw: dict = {"pool_pre_ping": True}
+    if u.get_backend_name() == "sqlite":
+        kw["connect_args"] = {"timeout": 30}
+    try:
+        _private_sqlite(url)
+        return sa.create_engine(url, **kw)
+    except (sa.exc.NoSuchModuleError, ImportError) as e:
+        hint = (" (pip install 'autotune[postgres]' and use postgresql+psycopg://)"
+                if u.get_backend_name() == "postgresql" else "")
+        raise StoreError(f"storage {safe_url(url)}: its database driver is not installed "
+                         f"({scrub(str(e), url)}){hint}") from None
+    except (sa.exc.ArgumentError, TypeError, ValueError, OSError) as e:
+        raise StoreError(f"storage {safe_url(url)} cannot be opened ({scrub(str(e), url)})") from None
 
 
 def migrate(url: str, sql_dir: Path = SQL_DIR) -> list[int]:
     """Apply the migrations not applied yet; returns the versions applied now ([] = up to date)."""
-    eng = engine_for(url)
     todo = migrations(sql_dir)
+    eng = engine_for(url)
     sqlite = eng.dialect.name == "sqlite"
     applied_now: list[int] = []
     try:
@@ -146,8 +202,14 @@ def migrate(url: str, sql_dir: Path = SQL_DIR) -> list[int]:
     except StoreError:
         raise
     except Exception as e:
-        raise StoreError(f"cannot migrate autotune's tables in {safe_url(url)}: {e}") from e
+        raise StoreError(f"cannot migrate autotune's tables in {safe_url(url)}: {scrub(error_line(e), url)}") from e
     return applied_now
+
+
+def error_line(e: BaseException) -> str:
+    """A driver's error without SQLAlchemy's appended SQL and background link."""
+    text = str(getattr(e, "orig", None) or e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 def open_optuna_storage(url: str, **kw):
@@ -171,8 +233,8 @@ def open_optuna_storage(url: str, **kw):
     if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
         _private_sqlite(url)
         path = Path(url.removeprefix("sqlite:///"))
-        with FileLock(path.with_name(path.name + ".init-lock")).acquire(what="optuna schema", wait=True,
-                                                                         poll_s=0.1):
+        init_lock = FileLock(path.with_name(path.name + ".init-lock"), private=False)
+        with init_lock.acquire(what="optuna schema", wait=True, poll_s=0.1):
             return optuna.storages.RDBStorage(url, **kw)
     return optuna.storages.RDBStorage(url, **kw)
 

@@ -26,7 +26,7 @@ import uuid
 from pathlib import Path
 
 from autotune.core._schedule import iso, parse_iso
-from autotune.decide._recommend import fmt_config, recommendation_path, write_atomic  # noqa: F401 (fmt_config: callers read it here too)
+from autotune.decide._recommend import fmt_config, load, recommendation_path, write_atomic  # noqa: F401 (fmt_config: callers read it here too)
 from autotune.search._space import NONE, canonical
 from autotune.search._trial import spec_counters
 
@@ -86,9 +86,11 @@ def history(workload: str, recommendations_dir: str | Path, store=None) -> list[
     out = []
     for p in files:
         try:
-            out.append(json.loads(p.read_text()))
-        except (OSError, ValueError):
+            rec = json.loads(p.read_text())
+        except (OSError, ValueError, RecursionError):
             continue
+        if isinstance(rec, dict):  # a copy edited into something else is no recommendation
+            out.append(rec)
     return out
 
 
@@ -97,8 +99,8 @@ def previous(workload: str, recommendations_dir: str | Path, store=None) -> dict
     if h:
         return h[0]
     try:
-        return json.loads(recommendation_path(recommendations_dir, workload).read_text())
-    except (OSError, ValueError):
+        return load(recommendations_dir, workload)
+    except (OSError, ValueError):  # none, or not one autotune wrote: no previous recommendation
         return None
 
 

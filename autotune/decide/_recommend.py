@@ -788,9 +788,42 @@ def recommendation_path(recommendations_dir: str | Path, workload: str) -> Path:
     return Path(recommendations_dir) / f"{workload}.json"
 
 
+_FIELDS = {"workload": str, "decision": str, "reason": str, "evidence": dict, "study": dict, "created_at": str,
+           "expires_at": str}
+
+
 def load(recommendations_dir: str | Path, workload: str) -> dict:
+    """The current recommendation. FileNotFoundError when there is none; ValueError naming the file
+    (and line) when it is not JSON or not a recommendation (a list, a hand-edit that dropped a
+    field or changed its type): readers then say so instead of failing on a missing key."""
     p = recommendation_path(recommendations_dir, workload)
     try:
-        return json.loads(p.read_text())
+        rec = json.loads(p.read_bytes().decode("utf-8"))
     except FileNotFoundError:
         raise FileNotFoundError(f"no recommendation for workload {workload!r} at {p}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{p}:{e.lineno}: not valid JSON ({e.msg}); its history copies are in "
+                         f"{Path(recommendations_dir) / 'history' / workload}") from None
+    except (UnicodeDecodeError, RecursionError) as e:
+        raise ValueError(f"{p}: not a recommendation file ({type(e).__name__})") from None
+    problem = shape_problem(rec)
+    if problem:
+        raise ValueError(f"{p}: not a recommendation autotune wrote ({problem}); its history copies are in "
+                         f"{Path(recommendations_dir) / 'history' / workload}")
+    return rec
+
+
+def shape_problem(rec) -> str | None:
+    """What makes ``rec`` no recommendation (None: an object with a decision, its usual fields of
+    the usual types; what lies deeper is checked where it is read, see ``cli._common.hand_edited``)."""
+    if not isinstance(rec, dict):
+        return f"a JSON {type(rec).__name__} where an object is expected"
+    if rec.get("decision") not in ("keep", "change", "disable"):
+        return ("field 'decision' is missing" if "decision" not in rec else
+                f"field 'decision' is {rec['decision']!r}, not keep, change or disable")
+    for key, kind in _FIELDS.items():
+        if key in rec and not isinstance(rec[key], kind):
+            return f"field '{key}' is a {type(rec[key]).__name__}, not a {kind.__name__}"
+    if not isinstance(rec.get("speculative_config"), (dict, type(None))):
+        return "field 'speculative_config' is no object"
+    return None

@@ -23,7 +23,7 @@ import threading
 import time
 from pathlib import Path
 
-from autotune.core._lock import EX_TEMPFAIL, FileLock, LockHeld, daemon_lock_path
+from autotune.core._lock import EX_TEMPFAIL, FileLock, LockDirError, LockHeld, daemon_lock_path
 from autotune.core._schedule import now, parse_cron, parse_iso, previous_fire
 from autotune.core._settings import Settings
 from autotune.core._signals import StopState, graceful_stop
@@ -148,7 +148,12 @@ class Daemon:
                 self.pending.add(w, "--now")
 
     def start_exporter(self) -> None:
-        urls = {storage_for(s, None, self.settings) for s in self.specs.values()}
+        urls = set()
+        for w, spec in self.specs.items():
+            try:
+                urls.add(storage_for(spec, None, self.settings))
+            except StoreError as e:  # said by catch_up already; the exporter shows the others
+                log.warning("%s: %s", w, e)
         self.exporter, _ = _exporter.serve(urls, self.settings.metrics_addr, self.settings.metrics_port,
                                            extra=self._daemon_metrics)
         self.say(f"metrics on http://{self.settings.metrics_addr}:{self.exporter.server_port}/metrics")
@@ -187,6 +192,9 @@ class Daemon:
             self.say(f"error: another daemon already runs on GPU {self.settings.gpu} (pid {h.get('pid')} on "
                      f"{h.get('host')}, since {h.get('since')}); exiting", err=True)
             return EX_TEMPFAIL
+        except LockDirError as e:
+            self.say(f"error: {e.strerror}", err=True)
+            return EXIT_INPUT
         try:
             with graceful_stop(self.state):
                 try:

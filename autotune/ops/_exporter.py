@@ -29,7 +29,7 @@ import logging
 from typing import Callable, Iterable
 
 from autotune.core._schedule import parse_iso
-from autotune.core._store import Store, safe_url
+from autotune.core._store import Store, safe_url, scrub
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class StoreCollector:
                 self._collect_one(Store(url), g, c)
                 g["store_up"].add_metric([safe_url(url)], 1)
             except Exception as e:
-                log.warning("exporter cannot read %s: %s", safe_url(url), e)
+                log.warning("exporter cannot read %s: %s", safe_url(url), scrub(str(e), url))
                 g["store_up"].add_metric([safe_url(url)], 0)
         yield from g.values()
         yield from c.values()

@@ -33,11 +33,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from autotune.core._lock import EX_TEMPFAIL, FileLock, LockHeld, gpu_lock_path, servers_dir
+from pydantic import ValidationError
+
+from autotune.core._lock import (EX_TEMPFAIL, FileLock, LockDirError, LockHeld, gpu_lock_path, lead_lock_path,
+                                 servers_dir)
 from autotune.core._schedule import iso, now, parse_iso
 from autotune.core._settings import Settings, get_settings
 from autotune.core._signals import StopState, graceful_stop, signame_of
-from autotune.core._spec import SpecError, find_spec, load_spec
+from autotune.core._spec import BudgetSpec, SpecError, find_spec, load_spec
 from autotune.core._store import Store, StoreError, safe_url
 from autotune.decide import _history, _recommend
 from autotune.engines import _affinity, _recovery, _registry
@@ -95,13 +98,32 @@ def _default_echo(msg: str, err: bool = False) -> None:
 
 
 def storage_for(spec, cli_storage: str | None, settings: Settings) -> str:
-    url = cli_storage or settings.storage or spec.storage
+    """The storage URL of a run: ``--storage``, AUTOTUNE__STORAGE, the spec's, else SQLite in the
+    home. A SQLite file's folder is created; one that cannot be is a StoreError (exit 3)."""
+    url = cli_storage or settings.storage or (spec.storage if spec is not None else None)
     if not url:
-        Path(settings.home).mkdir(parents=True, exist_ok=True)
         url = f"sqlite:///{Path(settings.home).resolve() / 'autotune.db'}"
-    if url.startswith("sqlite:///"):
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    if url.startswith("sqlite:///") and ":memory:" not in url:
+        folder = Path(url.removeprefix("sqlite:///").split("?", 1)[0]).parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StoreError(f"storage {safe_url(url)}: cannot create {folder} ({e.strerror})") from None
     return url
+
+
+def with_budget(spec, **overrides):
+    """``spec`` with the budget fields given (None: the spec's own), validated like the spec's:
+    a value the spec could not hold (``--max-trials 0``) is a ValueError naming the option."""
+    given = {k: v for k, v in overrides.items() if v is not None}
+    if not given:
+        return spec
+    try:
+        budget = BudgetSpec.model_validate({**spec.budget.model_dump(), **given})
+    except ValidationError as e:
+        raise ValueError("; ".join(f"--{str(err['loc'][0]).replace('_', '-')} {given.get(err['loc'][0])}: "
+                                   f"{err['msg']}" for err in e.errors())) from None
+    return spec.model_copy(update={"budget": budget})
 
 
 def recommendations_dir(spec, settings: Settings) -> str:
@@ -137,9 +159,10 @@ def run(req: RunRequest, settings: Settings | None = None, echo: Echo | None = N
         return fail(str(e), EXIT_INPUT)
     if spec.workload != req.workload:
         return fail(f"{spec.source}: field 'workload' is {spec.workload!r}, not {req.workload!r}", EXIT_INPUT)
-    budget = spec.budget.model_copy(update={k: v for k, v in (("max_trials", req.max_trials),
-                                                               ("max_server_starts", req.max_server_starts)) if v})
-    spec = spec.model_copy(update={"budget": budget})
+    try:
+        spec = with_budget(spec, max_trials=req.max_trials, max_server_starts=req.max_server_starts)
+    except ValueError as e:
+        return fail(str(e), EXIT_INPUT)
     if req.if_stale_s is not None:
         try:
             store = Store(storage_for(spec, req.storage, settings))
@@ -157,19 +180,38 @@ def run(req: RunRequest, settings: Settings | None = None, echo: Echo | None = N
     except (SpecError, ValueError) as e:  # ValueError: a setting (AUTOTUNE__SERVER_CPUS, ...)
         return fail(str(e), EXIT_INPUT)
     lock_dir = settings.lock_path()
+    lead = None if req.worker else FileLock(lead_lock_path(lock_dir, spec.workload))
     lock = FileLock(gpu_lock_path(lock_dir, settings.gpu))
+    what = f"{req.kind} study of {spec.workload} on GPU {settings.gpu}"
     with graceful_stop(stop) as stop:
         try:
             try:
-                lock.acquire(what=f"{req.kind} study of {spec.workload}", wait=req.wait_for_gpu,
+                if lead is not None:  # one leader per workload: a second confirms and decides nothing twice
+                    lead.acquire(what=what, wait=req.wait_for_gpu, gpu=settings.gpu,
+                                 on_wait=lambda h: echo(f"workload {spec.workload} is being studied ({_holder(h)}); "
+                                                        "waiting"))
+                lock.acquire(what=what, wait=req.wait_for_gpu,
                              on_wait=lambda h: echo(f"GPU {settings.gpu} is busy ({_holder(h)}); waiting"))
             except LockHeld as e:
+                if lead is not None:
+                    lead.release()
+                same_gpu = e.holder.get("gpu") == settings.gpu and e.holder.get("host") == socket.gethostname()
+                if lead is not None and e.path == lead.path and not same_gpu:  # on this GPU: it is busy, below
+                    return fail(f"workload {spec.workload} is being studied already: {_holder(e.holder)}; one "
+                                f"leader per workload (lock {e.path}); rerun later, pass --wait, or join its study "
+                                f"from this GPU with `autotune worker --workload {spec.workload}`", EXIT_BUSY)
                 return fail(f"GPU {settings.gpu} is busy: {_holder(e.holder)}; one study per GPU "
-                            f"(lock {e.path}); rerun later or pass --wait", EXIT_BUSY)
+                            f"(lock {lock.path}); rerun later or pass --wait", EXIT_BUSY)
+            except LockDirError as e:
+                if lead is not None:
+                    lead.release()
+                return fail(e.strerror, EXIT_INPUT)
             try:
                 return _locked(req, spec, settings, echo, on_event, lock_dir, stop, began)
             finally:
                 lock.release()
+                if lead is not None:
+                    lead.release()
         except KeyboardInterrupt as e:  # before or after the study (the study handles its own)
             echo(f"interrupted by {signame_of(e)}", err=True)
             return EXIT_INTERRUPTED
@@ -190,8 +232,8 @@ def _locked(req: RunRequest, spec, settings: Settings, echo: Echo, on_event, loc
     for r in _recovery.reap_orphans(pid_dir):
         echo(f"  stopped an orphaned vllm serve (pgid {r['pgid']}, port {r['port']}) left by dead process "
              f"{(r.get('owner') or {}).get('pid')}")
-    url = storage_for(spec, req.storage, settings)
     try:
+        url = storage_for(spec, req.storage, settings)
         store = Store(url)
     except StoreError as e:
         return fail(str(e), EXIT_ENGINE)
@@ -215,6 +257,9 @@ def _locked(req: RunRequest, spec, settings: Settings, echo: Echo, on_event, loc
             _refresh_traffic(spec, home, echo)
         except ValueError as e:  # SampleError, TrafficError: unreadable or empty traffic
             return failed_before_start(f"traffic for {spec.workload}: {e}", EXIT_INPUT)
+        except OSError as e:  # the fresh replay set could not be written: the previous one is intact
+            return failed_before_start(f"traffic for {spec.workload}: cannot write {e.filename or spec.replay.path}: "
+                                       f"{e.strerror or e}", EXIT_WRITE)
     space = SearchSpace.build(spec.space, caps)
     try:
         warnings = _preflight.check_fields(spec, caps, space)
@@ -376,11 +421,9 @@ def drift_result(spec, replay: str | None = None, telemetry_path: str | None = N
     """The drift check of one workload (also used by the daemon); raises ValueError on bad input."""
     rec_dir = recommendations_dir(spec, get_settings())
     try:
-        rec = _recommend.load(rec_dir, spec.workload)
+        rec = _recommend.load(rec_dir, spec.workload)  # ValueError naming the file: not one autotune wrote
     except FileNotFoundError:
         rec = None
-    except ValueError as e:
-        raise ValueError(f"{_recommend.recommendation_path(rec_dir, spec.workload)}: unreadable ({e})") from None
     rs = _replayset.load(replay or spec.replay.path)
     tpath = telemetry_path or spec.production.telemetry
     tel = load_telemetry(tpath) if tpath else None

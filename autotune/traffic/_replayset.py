@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -75,6 +76,8 @@ def parse_line(line: str, where: str) -> ReplayRequest:
         obj = json.loads(line)
     except json.JSONDecodeError as e:
         raise ReplaySetError(f"{where}: not JSON ({e.msg})") from None
+    except (ValueError, RecursionError) as e:  # an integer of 5000 digits, nesting 1000 deep
+        raise ReplaySetError(f"{where}: not usable JSON ({type(e).__name__})") from None
     if not isinstance(obj, dict):
         raise ReplaySetError(f"{where}: expected an object, got {type(obj).__name__}")
     for key in ("id", "endpoint", "body"):
@@ -89,18 +92,40 @@ def parse_line(line: str, where: str) -> ReplayRequest:
     need = "messages" if obj["endpoint"] == "chat" else "prompt"
     if need not in body:
         raise ReplaySetError(f"{where}: field 'body.{need}' is required for endpoint {obj['endpoint']!r}")
+    if need == "messages" and not (isinstance(body["messages"], list) and body["messages"]
+                                   and all(isinstance(m, dict) for m in body["messages"])):
+        raise ReplaySetError(f"{where}: field 'body.messages' must be a non-empty list of message objects")
+    if need == "prompt" and not isinstance(body["prompt"], (str, list)):
+        raise ReplaySetError(f"{where}: field 'body.prompt' must be a string or a list of token ids")
+    if not isinstance(obj["id"], (str, int)) or isinstance(obj["id"], bool):
+        raise ReplaySetError(f"{where}: field 'id' must be a string")
+    if obj.get("tag") is not None and not isinstance(obj["tag"], str):
+        raise ReplaySetError(f"{where}: field 'tag' must be a string or null")
+    ts = obj.get("ts")
+    if ts is not None and (isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts)):
+        raise ReplaySetError(f"{where}: field 'ts' must be a number (epoch seconds) or null")
     return ReplayRequest(id=str(obj["id"]), endpoint=obj["endpoint"], body=body,
                          tag=obj.get("tag"), ts=obj.get("ts"))
 
 
 def load(path: str | Path) -> ReplaySet:
+    """Read a replay set: one request per line, lines split on ``\\n`` alone (JSON escapes every
+    other line break, but a raw U+2028 inside a string is valid JSON that ``splitlines`` would
+    cut); ReplaySetError names file and line of the first problem."""
     path = Path(path)
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except OSError as e:
         raise ReplaySetError(f"{path}: cannot read replay set ({e.strerror})") from None
-    reqs = [parse_line(line, f"{path}:{i}") for i, line in enumerate(text.splitlines(), 1)
-            if line.strip()]
+    reqs = []
+    for i, line in enumerate(raw.split(b"\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ReplaySetError(f"{path}:{i}: not UTF-8 (byte {e.start + 1} of the line)") from None
+        reqs.append(parse_line(text, f"{path}:{i}"))
     if not reqs:
         raise ReplaySetError(f"{path}: replay set has no requests")
     ids = [r.id for r in reqs]

@@ -133,7 +133,7 @@ def read_pool(path: Path) -> tuple[list[PoolRow], int]:
                                     ts=float(ts) if isinstance(ts, (int, float)) else None, src=o.get("src"),
                                     prompt_tokens=o.get("prompt_tokens") if isinstance(o.get("prompt_tokens"), int) else None,
                                     synthetic=o.get("synthetic") if isinstance(o.get("synthetic"), dict) else None))
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError, RecursionError):
                 bad += 1
     return rows, bad
 

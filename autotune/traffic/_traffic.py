@@ -65,6 +65,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from autotune.core._files import PRIVATE, AtomicFile, private_dir, write_json
+from autotune.core._lock import open_lock_file
 from autotune.traffic._workloads import Classifier, explicit_tag, prompt_text
 
 log = logging.getLogger("autotune.traffic")
@@ -77,6 +78,10 @@ MAX_REPORTED_MALFORMED = 10
 
 class TrafficError(ValueError):
     """Nothing usable was imported, or an input is unusable as a whole."""
+
+
+class PoolWriteError(OSError):
+    """A pool could not be written (read-only home, full disk): the pools are as they were."""
 
 
 class Malformed(Exception):
@@ -447,17 +452,22 @@ def iter_lines(path: Path) -> Iterator[tuple[int, str | None, str | None]]:
     """``(line number, text, error)`` for every non-blank line; a truncated or corrupt gzip stream
     ends the file with one error line instead of failing the import."""
     i = 0
-    with _open(path) as fh:
-        try:
-            for i, raw in enumerate(fh, 1):
-                if not raw.strip():
-                    continue
-                try:
-                    yield i, raw.decode("utf-8"), None
-                except UnicodeDecodeError:
-                    yield i, None, "not UTF-8"
-        except (EOFError, gzip.BadGzipFile, zlib.error) as e:
-            yield i + 1, None, f"unreadable compressed data ({type(e).__name__}); rest of file skipped"
+    try:
+        with _open(path) as fh:
+            try:
+                for i, raw in enumerate(fh, 1):
+                    if not raw.strip():
+                        continue
+                    try:
+                        text = raw.decode("utf-8")
+                    except UnicodeDecodeError as e:
+                        yield i, None, f"not UTF-8 (byte {e.start + 1})"
+                        continue
+                    yield i, text, None
+            except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+                yield i + 1, None, f"unreadable compressed data ({type(e).__name__}); rest of file skipped"
+    except OSError as e:  # reading only: a write error of the caller's never lands here
+        yield i + 1, None, f"cannot read ({e.strerror or e})"
 
 
 # --- redaction ----------------------------------------------------------------------------------
@@ -538,7 +548,7 @@ def ensure_private_dir(d: Path) -> Path:
 def pool_lock(home: str | Path, shared: bool = False):
     """Serializes imports (exclusive) against each other and against sampling (shared)."""
     d = ensure_private_dir(traffic_dir(home))
-    fd = os.open(d / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fd = open_lock_file(d / ".lock", private=False)  # never through a symlink planted there
     try:
         try:
             import fcntl
@@ -695,7 +705,7 @@ def import_paths(paths: Iterable[str], home: str | Path, *, fmt: str = "auto",
     if not files:
         raise TrafficError(f"no log files match {', '.join(map(str, paths)) or '(nothing given)'}")
     home = Path(home)
-    with pool_lock(home):
+    with _writing_pools(home), pool_lock(home):
         writer = _PoolWriter(home, replace)
         try:
             for path in files:
@@ -715,6 +725,21 @@ def import_paths(paths: Iterable[str], home: str | Path, *, fmt: str = "auto",
              len(report.files), report.lines, report.usable, sum(report.new.values()), report.malformed,
              sum(report.skipped.values()), {w: sum(c.values()) for w, c in report.workloads.items()})
     return report
+
+
+@contextlib.contextmanager
+def _writing_pools(home: Path):
+    """A write that fails (the traffic folder cannot be made, a full disk while copying a pool,
+    the commit) is a PoolWriteError naming the file: never counted as a malformed line, never a
+    torn pool (every pool is a temp file until all of them are complete)."""
+    try:
+        yield
+    except PoolWriteError:
+        raise
+    except OSError as e:
+        where = e.filename or traffic_dir(home)
+        raise PoolWriteError(e.errno, f"cannot write the traffic pools: {where}: {e.strerror or e}; "
+                                      f"the pools are unchanged") from None
 
 
 def _nothing_usable(report: ImportReport) -> str:
@@ -737,52 +762,51 @@ def _import_file(path: Path, fmt: str, classifier: Classifier, redactor: Redacto
             fr.malformed.append((line, reason))
         log.debug("%s: malformed: %s", fr.where(line), reason)
 
-    try:
-        lines = iter_lines(path)
-        for lineno, text, err in lines:
-            fr.lines += 1
-            if err:
-                bad(lineno, err)
-                continue
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as e:
-                bad(lineno, f"not JSON ({e.msg} at column {e.colno})")
-                continue
-            if not isinstance(obj, dict):
-                bad(lineno, f"expected a JSON object, got {type(obj).__name__}")
-                continue
-            try:
-                f = forced or detect_format(obj)
-                rec = f.parse(obj, options)
-            except Malformed as e:
-                bad(lineno, str(e))
-                continue
-            except Skip as e:
-                fr.skipped[str(e)] += 1
-                continue
-            fr.formats[f.name] += 1
-            text_for_rules = "" if rec.synthetic else prompt_text(rec.endpoint, rec.body)
-            workload, how = classifier.classify(tag=rec.tag, model=rec.model, text=text_for_rules)
-            body = redactor.body(rec.endpoint, rec.body) if not rec.synthetic else rec.body
-            line = {"id": request_id(rec.endpoint, body, rec.ts, rec.synthetic), "endpoint": rec.endpoint,
-                    "body": body, "tag": workload, "ts": rec.ts, "src": f"{fr.abspath}:{lineno}", "format": f.name,
-                    "how": how}
-            if rec.model:
-                line["model"] = rec.model
-            if rec.prompt_tokens is not None:
-                line["prompt_tokens"] = rec.prompt_tokens
-            if rec.synthetic:
-                line["synthetic"] = rec.synthetic
-                line["acceptance_measurable"] = False
-                report.synthetic += 1
-            fr.usable += 1
-            fr.workloads[workload] += 1
-            report.workloads.setdefault(workload, Counter())[how] += 1
-            if writer.add(workload, line):
-                fr.new += 1
-    except OSError as e:
-        bad(fr.lines + 1, f"cannot read ({e.strerror or e})")
+    for lineno, text, err in iter_lines(path):
+        fr.lines += 1
+        if err:
+            bad(lineno, err)
+            continue
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as e:
+            bad(lineno, f"not JSON ({e.msg} at column {e.colno})")
+            continue
+        except (ValueError, RecursionError) as e:  # an integer of 5000 digits, nesting 1000 deep
+            bad(lineno, f"not usable JSON ({type(e).__name__})")
+            continue
+        if not isinstance(obj, dict):
+            bad(lineno, f"expected a JSON object, got {type(obj).__name__}")
+            continue
+        try:
+            f = forced or detect_format(obj)
+            rec = f.parse(obj, options)
+        except Malformed as e:
+            bad(lineno, str(e))
+            continue
+        except Skip as e:
+            fr.skipped[str(e)] += 1
+            continue
+        fr.formats[f.name] += 1
+        text_for_rules = "" if rec.synthetic else prompt_text(rec.endpoint, rec.body)
+        workload, how = classifier.classify(tag=rec.tag, model=rec.model, text=text_for_rules)
+        body = redactor.body(rec.endpoint, rec.body) if not rec.synthetic else rec.body
+        line = {"id": request_id(rec.endpoint, body, rec.ts, rec.synthetic), "endpoint": rec.endpoint,
+                "body": body, "tag": workload, "ts": rec.ts, "src": f"{fr.abspath}:{lineno}", "format": f.name,
+                "how": how}
+        if rec.model:
+            line["model"] = rec.model
+        if rec.prompt_tokens is not None:
+            line["prompt_tokens"] = rec.prompt_tokens
+        if rec.synthetic:
+            line["synthetic"] = rec.synthetic
+            line["acceptance_measurable"] = False
+            report.synthetic += 1
+        fr.usable += 1
+        fr.workloads[workload] += 1
+        report.workloads.setdefault(workload, Counter())[how] += 1
+        if writer.add(workload, line):
+            fr.new += 1
     log.info("%s: %d lines, %d usable (%d new), %d malformed, %d skipped", fr.path, fr.lines, fr.usable,
              fr.new, fr.malformed_count, sum(fr.skipped.values()))
     return fr

@@ -303,30 +303,36 @@ def save(path: str | Path, b: dict) -> Path:
     return write_json(path, b, SHARED)
 
 
+def _read_text(p: Path) -> str:
+    try:
+        return p.read_bytes().decode("utf-8")
+    except OSError as e:
+        raise TelemetryError(f"{p}: cannot read ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        line = p.read_bytes()[:e.start].count(b"\n") + 1
+        raise TelemetryError(f"{p}:{line}: not UTF-8 text: neither a telemetry bundle nor a /metrics "
+                             "exposition") from None
+
+
 def load(path: str | Path, after: str | Path | None = None, window_s: float | None = None) -> dict:
     """A bundle (JSON from ``scrape --out``), or two exposition files (``path`` before, ``after``).
     Figures are derived again from the expositions, so a bundle written by an older autotune
     gets today's derivation."""
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise TelemetryError(f"{p}: cannot read ({e.strerror})") from None
+    text = _read_text(p)
     if after is not None:
-        try:
-            after_text = Path(after).read_text()
-        except OSError as e:
-            raise TelemetryError(f"{after}: cannot read ({e.strerror})") from None
+        after_text = _read_text(Path(after))
         try:
             return bundle(text, after_text, source=f"{p} -> {after}", window_s=window_s)
         except TelemetryError as e:
             raise TelemetryError(f"{p}, {after}: {e}") from None
     try:
         b = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise TelemetryError(f"{p}: not a telemetry bundle (JSON from `autotune telemetry scrape --out`); "
                              "for two exposition files give both, before and after") from None
-    if not isinstance(b, dict) or b.get("schema") != SCHEMA or "before" not in b or "after" not in b:
+    if not isinstance(b, dict) or b.get("schema") != SCHEMA or not isinstance(b.get("before"), str) \
+            or not isinstance(b.get("after"), str):
         raise TelemetryError(f"{p}: not a telemetry bundle (schema {SCHEMA})")
     try:
         b["derived"] = derive(parse(b["before"]), parse(b["after"]), b.get("window_s"), b.get("samples"))
