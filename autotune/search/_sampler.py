@@ -81,6 +81,9 @@ class CandidateSampler(BaseSampler):
         """(relative start-to-start sd, degrees of freedom) known before the study: the spec's
         recorded A/A figure for speculative configs (the candidates), or with ``set_noise_prior``
         that pooled with earlier nights."""
+        tax = spec.space.bands.tax
+        self.bands_tax: tuple[float, int] | None = (tax.ratio, tax.df) if tax is not None else None
+        """(band schedule's step cost over plain K, degrees of freedom): ``space.bands.tax``."""
         self._proposals: dict[int, Proposal] = {}
         self._tried: set[str] = set()
 
@@ -152,7 +155,8 @@ class CandidateSampler(BaseSampler):
                                   failed=failed_keys(study), min_gain=obj.search_min_gain(),
                                   bands_max_batch=self.bands_max_batch,
                                   skip=self._busy_keys(study, measured=not obj.search_repeats),
-                                  noise_prior=self.noise_prior, repeats=obj.search_repeats)
+                                  noise_prior=self.noise_prior, repeats=obj.search_repeats,
+                                  bands_tax=self.bands_tax)
         _save(study, step)
         if step.action == "fallback" or (step.action == "measure" and step.config is None):
             self.notes.append(f"predictor: {step.reason}; Optuna's TPE searches instead")
