@@ -458,3 +458,24 @@ def test_a_method_that_lost_by_far_gets_no_more_starts():
     # a method faster than the baseline at one level is no loser, however slow at the other
     half = {2: _predict.LevelObs(base.levels[2].value * 0.9), 16: _predict.LevelObs(base.levels[16].value * 3)}
     assert not _predict.known_losers([base, Observation(_draft(4), half)], W2)
+
+
+def test_an_earlier_nights_schedules_give_the_tax_a_study_pools_with_its_spec():
+    from autotune.core._spec import StudySpec
+    from autotune.search._sampler import CandidateSampler
+    from autotune.search._space import SearchSpace
+    from test_space import caps
+
+    w = Workload(rates=RATES, levels=TAXED_LEVELS, band_tax=0.25)
+    night = [w.observe(None), w.observe(ngram(8)), w.observe(ngram(3)),
+             w.observe({**ngram(8), _predict.BANDS: [[1, 5, 8], [6, 16, 3]]})]
+    ratio, df = _predict.measured_bands_tax(night, W2)
+    assert ratio == pytest.approx(1.25, rel=0.03) and df == 2  # one schedule, two levels with K > 0
+    assert _predict.measured_bands_tax(night[:3], W2) is None  # no schedule: nothing measured
+    spec = StudySpec.model_validate({"workload": "w", "model": "m", "replay": {"path": "r.jsonl", "concurrency": 2},
+                                     "space": {"methods": ["ngram"], "bands": {"enabled": True,
+                                                                               "tax": {"ratio": 1.2, "df": 2}}}})
+    sampler = CandidateSampler(spec, SearchSpace.build(spec.space, caps()))
+    sampler.set_bands_tax_prior(ratio, df)
+    r, d = sampler.bands_tax
+    assert d == 4 and r == pytest.approx(math.sqrt(1.2 * ratio))

@@ -664,6 +664,19 @@ class Predictor:
         if self._tax is not None:
             return self._tax
         self._tax = NO_TAX  # while the plain fits below are built
+        logs = self.tax_logs()
+        prior, df = self.tax_prior if self.tax_prior else (1.0, 0)
+        df = max(int(df), 0)
+        n = len(logs) + df
+        if n == 0:
+            return NO_TAX
+        m = (sum(logs) + df * math.log(prior)) / n
+        e = Z90 * self.noise / math.sqrt(n)
+        self._tax = (math.exp(m - e), math.exp(m), math.exp(m + e))
+        return self._tax
+
+    def tax_logs(self) -> list[float]:
+        """log(schedule step / plain fit at the same K) of every measured schedule's levels with K > 0."""
         logs: list[float] = []
         for o in self.obs:
             if not o.config or not o.config.get(BANDS):
@@ -683,15 +696,7 @@ class Predictor:
                 plain = fit.at(k)[1]
                 if plain > 0:
                     logs.append(math.log(lv.value * t / plain))
-        prior, df = self.tax_prior if self.tax_prior else (1.0, 0)
-        df = max(int(df), 0)
-        n = len(logs) + df
-        if n == 0:
-            return NO_TAX
-        m = (sum(logs) + df * math.log(prior)) / n
-        e = Z90 * self.noise / math.sqrt(n)
-        self._tax = (math.exp(m - e), math.exp(m), math.exp(m + e))
-        return self._tax
+        return logs
 
     def _combine(self, config, per: dict[int, tuple[float, float, float]], basis: str) -> Prediction:
         s = sum(self.weights[L] for L in per)
@@ -914,6 +919,16 @@ def next_step(observations: Sequence[Observation], candidates: Sequence[dict], *
     return Step("measure", cfg, prediction=p, p_beat=pb, table=table,
                 reason=f"predicted {p.mean:.2f} ms ({p.lo:.2f}-{p.hi:.2f}), P(beats {best_v:.2f} ms by "
                        f"{margin:.1%}) = {pb:.0%}")
+
+
+def measured_bands_tax(observations: Sequence[Observation], weights: dict[int, float] | None = None
+                       ) -> tuple[float, int] | None:
+    """The bands tax that ``observations`` measured on their own (an earlier night's trials of the
+    same engine and hardware): (geometric mean of the schedules' step-cost ratios to the plain fit,
+    schedule levels judged), the prior a study pools with the spec's (``CandidateSampler.
+    set_bands_tax_prior``); None when they hold no schedule level with a plain fit to judge it by."""
+    logs = Predictor(observations, weights).tax_logs()
+    return (math.exp(sum(logs) / len(logs)), len(logs)) if logs else None
 
 
 def known_losers(observations: Sequence[Observation], weights: dict[int, float] | None = None,

@@ -24,6 +24,7 @@ same configuration), and the study shows in optuna-dashboard like any other.
 from __future__ import annotations
 
 import logging
+import math
 import random
 from dataclasses import dataclass, field
 
@@ -92,6 +93,18 @@ class CandidateSampler(BaseSampler):
         spec's A/A figure and earlier nights' repeats), pooled with this study's own repeats."""
         if df > 0 and sd > 0:
             self.noise_prior = (float(sd), int(df))
+
+    def set_bands_tax_prior(self, ratio: float, df: int) -> None:
+        """The bands tax measured on earlier nights (``_predict.measured_bands_tax`` of their trials),
+        pooled with the spec's ``space.bands.tax`` on the log scale by degrees of freedom."""
+        if df <= 0 or ratio <= 0:
+            return
+        if self.bands_tax is None or self.bands_tax[1] <= 0:
+            self.bands_tax = (float(ratio), int(df))
+            return
+        r0, d0 = self.bands_tax
+        n = d0 + int(df)
+        self.bands_tax = (math.exp((d0 * math.log(r0) + int(df) * math.log(ratio)) / n), n)
 
     # ---- what Study.objective asks -----------------------------------------------------------
     def proposal(self, number: int) -> Proposal | None:
