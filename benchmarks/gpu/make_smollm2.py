@@ -4,8 +4,8 @@ bfloat16 Hugging Face folder by the demo's own converter (``autotune.demo._hfmod
 into same-vocabulary drafts (the target's first N of 30 layers).
 
 Why convert there: the bfloat16 folder is 260 MB and does not compress (zstd: 205 MB), the GGUF
-is 98 MB (90 MB zstd-compressed, in 5 MiB pieces spread over the transfers). The conversion needs torch, transformers and the ``gguf`` wheel (sent with
-autotune's own wheels).
+is 98 MB (90 MB zstd-compressed, in 5 MiB pieces spread over the transfers). The conversion
+needs torch, transformers and the ``gguf`` wheel (sent with autotune's own wheels).
 
     (here)  zstd -19 -c SmolLM2-135M-Instruct.Q4_1.gguf | split -b 5m - .gpu/gguf-   (+ gguf.sha256)
     (there) python3 benchmarks/gpu/make_smollm2.py /tmp/models --pieces /tmp/gguf [--drafts 8]

@@ -1,9 +1,9 @@
 """The real-model GPU grid as a table: one line per configuration (its starts pooled), the
 traffic-weighted objective and each level's median TPOT, acceptance length and drafting
 coverage (drafts per decode step; warm-up requests count in the counters, so about 1 can read
-a little above 1), the decode step's time (TPOT x tokens per step), the start's seconds to a healthy server, the spread of its
-steady windows (``replay.windows``), and the two readings of the 3% target against the grid's
-best: within 3%, or not told apart from it at the grid's resolution (the difference under 1.96
+a little above 1), the decode step's time (TPOT x tokens per step), the start's seconds to a
+healthy server, the spread of its steady windows (``replay.windows``), and the two readings of
+the 3% target against the grid's best: within 3%, or not told apart from it at the grid's resolution (the difference under 1.96
 standard errors; with one start, the window spread is all the grid knows of its noise and
 understates the start-to-start part).
 
@@ -86,8 +86,12 @@ def main(argv=None) -> int:
           " | windows cv | start s | within 3% | not told apart |")
     print("|---" * (9 + len(lvs)) + "|")
     for x in out:
-        per = " | ".join(f"{x['levels'][lv]['tpot']:.2f}" + (f" ({x['levels'][lv]['al']}, {x['levels'][lv]['coverage']}, {x['levels'][lv]['step']:.1f})"
-                                                          if x['levels'][lv]['al'] else f" (-, -, {x['levels'][lv]['step']:.1f})") for lv in lvs)
+        cells = []
+        for lv in lvs:
+            f = x["levels"][lv]
+            acc = f"{f['al']}, {f['coverage']}" if f["al"] else "-, -"
+            cells.append(f"{f['tpot']:.2f} ({acc}, {f['step']:.1f})")
+        per = " | ".join(cells)
         print(f"| {x['config']} | {x['starts']} | {x['objective_ms']:.2f} | {x['speedup']:.2f}x | "
               f"{x['vs_best']:+.1%} | {per} | {x['window_cv']:.1%} | {', '.join(map(str, x['start_s']))} | "
               f"{'yes' if x['within_3pct'] else 'no'} | {'yes' if x['indistinguishable'] else 'no'} |")
