@@ -3,9 +3,9 @@ traffic-weighted objective and each level's median TPOT, acceptance length and d
 coverage (drafts per decode step; warm-up requests count in the counters, so about 1 can read
 a little above 1), the decode step's time (TPOT x tokens per step), the start's seconds to a
 healthy server, the spread of its steady windows (``replay.windows``), and the two readings of
-the 3% target against the grid's best: within 3%, or not told apart from it at the grid's resolution (the difference under 1.96
-standard errors; with one start, the window spread is all the grid knows of its noise and
-understates the start-to-start part).
+the 3% target against the grid's best: within 3%, or not told apart from it at the grid's
+resolution (the difference under 1.96 standard errors; with one start, the window spread is
+all the grid knows of its noise and understates the start-to-start part).
 
     python benchmarks/gpu/real_grid.py benchmarks/results/h100-smollm2-points-2026-12-05.jsonl [--json OUT]
 """
