@@ -594,9 +594,13 @@ def evaluate(grid: Grid, seeds: int) -> dict:
                  "within_3pct": [label(grid.starts[k][0].config) for k in grid.truth if grid.ok(k)],
                  "truth": {label(grid.starts[k][0].config): v for k, v in grid.truth.items()},
                  "strategies": {}}
+    res = resolution(grid) if grid.name.startswith("h200") else None
+    # the grid's own resolution: a configuration that is the drawn best in 5% of its draws or more
+    # cannot be told from the best by the grid, and a pick of it is no miss the grid can show
+    tied = set((res or {}).get("may_be_best") or {})
     preds = []
     for name in STRATEGIES:
-        reach, fails, stops, pick_ok, regret = [], 0, [], [], []
+        reach, fails, stops, pick_ok, regret, pick_tied = [], 0, [], [], [], []
         for s in range(seeds):
             rng = random.Random(f"{grid.name}-{name}-{s}")
             if name == "ours":
@@ -605,6 +609,7 @@ def evaluate(grid: Grid, seeds: int) -> dict:
                 stops.append(len(tr.keys))
                 pick = tr.incumbent(len(tr.keys))
                 pick_ok.append(grid.ok(pick))
+                pick_tied.append(grid.ok(pick) or label(grid.starts[pick][0].config) in tied)
                 regret.append(grid.excess(pick))
             elif name == "grid":
                 tr = run_grid(grid, rng)
@@ -635,10 +640,13 @@ def evaluate(grid: Grid, seeds: int) -> dict:
             d["mean_starts_at_stop"] = statistics.mean(stops)
             d["max_starts_at_stop"] = max(stops)
             d["pick_within_3pct"] = statistics.mean(pick_ok)
+            # the target's second reading: within 3%, or statistically indistinguishable from the
+            # best at the grid's own resolution (``resolution``'s may_be_best)
+            d["pick_within_3pct_or_indistinguishable"] = statistics.mean(pick_tied) if res else None
             # the GPU target: a pick within 3% of the grid's best after at most 6 server starts
             d["within_3pct_by_6_starts"] = statistics.mean(ok and n_ <= 6 for ok, n_ in zip(pick_ok, stops))
         out["strategies"][name] = d
-    out["resolution"] = resolution(grid) if grid.name.startswith("h200") else None
+    out["resolution"] = res
     out["pair_ceiling"] = pair_ceiling(grid) if grid.name.startswith("h200") else None
     out["ours_settings"] = {**OURS, "budget": OURS["budget"] or (GPU_BUDGET if grid.name.startswith("h200") else None),
                             "repeats": grid.repeats if OURS["repeats"] is None else OURS["repeats"]}
@@ -970,7 +978,9 @@ def main(argv=None) -> int:
         s = r["strategies"]
         print(f"{g.name:16s} {r['configs']:2d} configs  best {r['best']:28s} " +
               "  ".join(f"{k} {s[k]['mean_starts']:.2f}" for k in STRATEGIES) +
-              f"  ours stops at {s['ours']['mean_starts_at_stop']:.2f} ({s['ours']['pick_within_3pct']:.0%} ok)",
+              f"  ours stops at {s['ours']['mean_starts_at_stop']:.2f} ({s['ours']['pick_within_3pct']:.0%} ok"
+              + (f", {s['ours']['pick_within_3pct_or_indistinguishable']:.0%} ok or tied at the grid's resolution)"
+                 if s['ours'].get('pick_within_3pct_or_indistinguishable') is not None else ")"),
               flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"seeds": args.seeds, "tolerance": TOLERANCE, "grids": results},

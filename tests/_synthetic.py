@@ -15,12 +15,13 @@ from autotune.search._predict import LevelObs, Observation
 
 class Workload:
     def __init__(self, rates, coverage=0.8, base=10.0, overhead=1.0, per_k=1.2, noise=0.0, levels=None,
-                 requests=24, out_tokens=64, band_overhead=0.0, step_extra=None):
+                 requests=24, out_tokens=64, band_overhead=0.0, step_extra=None, band_tax=0.0):
         self.rates, self.coverage = list(rates), coverage
         self.step_extra = step_extra or {}  # K -> extra step cost (ms): a cost that is not a line in K
         self.levels = levels or {4: (base, overhead, per_k)}
         self.noise, self.requests, self.out_tokens = noise, requests, out_tokens
         self.band_overhead = band_overhead
+        self.band_tax = band_tax  # a schedule's step costs this share more than plain K (vLLM's graph downgrade)
 
     def k_at(self, config, level) -> int:
         if not config:
@@ -37,7 +38,8 @@ class Workload:
         if k == 0:
             return base * (1 + self.band_overhead)
         t = 1 + self.coverage * sum(self.rates[:k])
-        return (base + over + per_k * k + self.step_extra.get(k, 0.0)) / t
+        tax = 1 + self.band_tax if config.get(BANDS_KEY) else 1.0
+        return tax * (base + over + per_k * k + self.step_extra.get(k, 0.0)) / t
 
     def objective(self, config, weights) -> float:
         s = sum(weights.values())

@@ -375,3 +375,107 @@ def test_a_neighbour_counts_the_bests_own_noise():
     assert st.prediction.p_below(best_v) < _predict.P_NEIGHBOUR <= st.p_beat  # the best as exact: closed
     assert st.p_beat == pytest.approx(_predict._phi((best_v - st.prediction.mean) /
                                                     math.hypot(st.prediction.sd, 0.065 * best_v)), abs=0.03)
+
+
+# --------------------------------------------------------------------------- the bands tax and known losers
+
+# two levels where the best plain K differs a little (K=5-6 at 2, K=3-4 at 16): a schedule gains
+# about 1-3% over plain K, less than the 20-26% that vLLM 0.25's CUDA-graph downgrade costs it
+TAXED_LEVELS = {2: (10.0, 1.0, 0.6), 16: (12.0, 3.0, 2.2)}
+W2 = {2: 0.5, 16: 0.5}
+
+
+def _search(w, weights, **kw):
+    obs = [w.observe(None), w.observe(ngram(8))]
+    for _ in range(10):
+        st = next_step(obs, space_ngram(), weights=weights, bands_max_batch=16, **kw)
+        if st.action != "measure":
+            break
+        obs.append(w.observe(st.config))
+    return obs, st
+
+
+def test_a_measured_schedule_teaches_the_bands_tax():
+    w = Workload(rates=RATES, levels=TAXED_LEVELS, band_tax=0.25)
+    obs, st = _search(w, W2)
+    banded = [o for o in obs if o.config and o.config.get(_predict.BANDS)]
+    assert len(banded) == 1, [o.key for o in obs]  # the first schedule pays the tax, the next is predicted with it
+    assert Predictor(obs, W2).bands_tax()[1] == pytest.approx(1.25, rel=0.03)
+    best = min(w.objective(ngram(k), W2) for k in range(1, 9))
+    assert Predictor(obs, W2).best()[1] <= best * 1.01 and st.action == "stop"
+
+
+def test_the_bands_tax_of_earlier_nights_spends_no_start_on_schedules():
+    w = Workload(rates=RATES, levels=TAXED_LEVELS, band_tax=0.25)
+    obs, st = _search(w, W2, bands_tax=(1.25, 4))
+    assert not [o for o in obs if o.config and o.config.get(_predict.BANDS)]
+    row = next(r for r in st.table if r.get("bands"))
+    assert "bands tax x1.25" in row["basis"]
+    assert Predictor(obs, W2).best()[1] <= min(w.objective(ngram(k), W2) for k in range(1, 9)) * 1.01
+
+
+def test_a_schedule_that_pays_through_the_tax_is_still_a_candidate():
+    w = Workload(rates=RATES, levels={1: (10.0, 0.5, 0.2), 8: (14.0, 10.0, 12.0)}, band_tax=0.1)
+    weights = {1: 0.5, 8: 0.5}
+    obs = [w.observe(None), w.observe(ngram(8)), w.observe(ngram(3))]
+    st = next_step(obs, space_ngram(), weights=weights, bands_max_batch=8, bands_tax=(1.1, 4))
+    assert st.config and st.config.get(_predict.BANDS), st.reason
+    assert w.objective(st.config, weights) < min(w.objective(ngram(k), weights) for k in range(1, 9))
+
+
+def test_a_measured_schedule_stays_out_of_the_plain_cost_fit():
+    w = Workload(rates=RATES, levels=TAXED_LEVELS, band_tax=0.25)
+    plain = [w.observe(None), w.observe(ngram(8)), w.observe(ngram(3))]
+    sched = {**ngram(8), _predict.BANDS: [[1, 5, 8], [6, 16, 3]]}
+    with_band = Predictor(plain + [w.observe(sched)], W2)
+    for k in (2, 5, 6):
+        assert with_band.predict(ngram(k)).mean == pytest.approx(Predictor(plain, W2).predict(ngram(k)).mean, rel=1e-9)
+        assert with_band.predict(ngram(k)).mean == pytest.approx(w.objective(ngram(k), W2), rel=0.02)
+
+
+def _draft(k):
+    return {"method": "draft_model", "model": "/m/draft", "num_speculative_tokens": k}
+
+
+def test_a_method_that_lost_by_far_gets_no_more_starts():
+    # ngram pays a little; the drafter's first start, at its largest K, took 2-3x the baseline's TPOT
+    w = Workload(rates=RATES, levels=TAXED_LEVELS)
+    base, ng = w.observe(None), w.observe(ngram(8))
+    slow = {L: _predict.LevelObs(base.levels[L].value * (2.0 if L == 2 else 3.0), lv.delta, lv.requests)
+            for L, lv in w.observe(ngram(4)).levels.items()}
+    d4 = Observation(_draft(4), slow, w.delta(ngram(4)), w.requests * 2)
+    cands = space_ngram() + [_draft(k) for k in range(1, 5)]
+    assert set(_predict.known_losers([base, ng, d4], W2)) == {"draft_model:/m/draft"}
+    obs = [base, ng, d4]
+    for _ in range(10):
+        st = next_step(obs, cands, weights=W2)
+        if st.action != "measure":
+            break
+        assert st.config["method"] == "ngram", st.reason
+        obs.append(w.observe(st.config))
+    assert st.action == "stop" and "no more starts for draft_model" in st.reason
+    assert all(r.get("known_loser") for r in st.table if r["config"]["method"] == "draft_model")
+    # a method faster than the baseline at one level is no loser, however slow at the other
+    half = {2: _predict.LevelObs(base.levels[2].value * 0.9), 16: _predict.LevelObs(base.levels[16].value * 3)}
+    assert not _predict.known_losers([base, Observation(_draft(4), half)], W2)
+
+
+def test_an_earlier_nights_schedules_give_the_tax_a_study_pools_with_its_spec():
+    from autotune.core._spec import StudySpec
+    from autotune.search._sampler import CandidateSampler
+    from autotune.search._space import SearchSpace
+    from test_space import caps
+
+    w = Workload(rates=RATES, levels=TAXED_LEVELS, band_tax=0.25)
+    night = [w.observe(None), w.observe(ngram(8)), w.observe(ngram(3)),
+             w.observe({**ngram(8), _predict.BANDS: [[1, 5, 8], [6, 16, 3]]})]
+    ratio, df = _predict.measured_bands_tax(night, W2)
+    assert ratio == pytest.approx(1.25, rel=0.03) and df == 2  # one schedule, two levels with K > 0
+    assert _predict.measured_bands_tax(night[:3], W2) is None  # no schedule: nothing measured
+    spec = StudySpec.model_validate({"workload": "w", "model": "m", "replay": {"path": "r.jsonl", "concurrency": 2},
+                                     "space": {"methods": ["ngram"], "bands": {"enabled": True,
+                                                                               "tax": {"ratio": 1.2, "df": 2}}}})
+    sampler = CandidateSampler(spec, SearchSpace.build(spec.space, caps()))
+    sampler.set_bands_tax_prior(ratio, df)
+    r, d = sampler.bands_tax
+    assert d == 4 and r == pytest.approx(math.sqrt(1.2 * ratio))

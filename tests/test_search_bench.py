@@ -271,3 +271,17 @@ def test_a_cpu_grid_searches_as_its_workloads_spec_and_draws_its_own_repeats(ben
     other.write_text("".join(json.dumps(r) + "\n" for r in rows))
     g2 = bench.load_cpu_grid(other)
     assert g2.noise_prior is None and g2.repeats is False and g2.noise_pool == g.noise_pool
+
+
+def test_a_pick_the_grid_cannot_tell_from_its_best_counts_as_right_in_the_second_reading(bench):
+    """The target's two readings: within 3% of the grid's best, or statistically indistinguishable
+    from it at the grid's own resolution. K=2 is 6% slower than K=1 (a miss at 3%), but at 10%
+    start-to-start noise on two starts each the grid cannot tell the two apart."""
+    g = _two_configs(bench, gap=0.06, sd=0.10, starts=2)
+    res = bench.resolution(g)
+    assert "ngram K=2 w=1-4" in res["may_be_best"]
+    ours = bench.evaluate(g, seeds=12)["strategies"]["ours"]
+    assert ours["pick_within_3pct_or_indistinguishable"] == 1.0
+    assert ours["pick_within_3pct"] < 1.0  # some seeds pick K=2, the second reading forgives them
+    sure = bench.evaluate(_two_configs(bench, gap=0.20, sd=0.005, starts=2), seeds=4)["strategies"]["ours"]
+    assert sure["pick_within_3pct_or_indistinguishable"] == sure["pick_within_3pct"]

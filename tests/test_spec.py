@@ -329,3 +329,17 @@ def test_start_noise_may_give_the_speculative_configs_their_own_figure(tmp_path)
     bad = VALID + "objective:\n  start_noise:\n    cv: 0.02\n    df: 2\n    speculative: {cv: 1.5, df: 4}\n"
     msg = _spec_error(_write(tmp_path, bad))
     assert f"spec.yaml:{_line(bad, 'speculative')}: field 'objective.start_noise.speculative.cv'" in msg
+
+
+def test_bands_tax_reaches_the_search_and_a_bad_ratio_names_its_line(tmp_path):
+    from autotune.search._sampler import CandidateSampler
+    from autotune.search._space import SearchSpace
+    from test_space import caps
+
+    text = VALID + "space:\n  methods: [ngram]\n  bands:\n    enabled: true\n    tax: {ratio: 1.23, df: 4}\n"
+    spec = load_spec(_write(tmp_path, text))
+    assert (spec.space.bands.tax.ratio, spec.space.bands.tax.df) == (1.23, 4)
+    assert CandidateSampler(spec, SearchSpace.build(spec.space, caps())).bands_tax == (1.23, 4)
+    bad = VALID + "space:\n  bands:\n    tax: {ratio: 0, df: 4}\n"
+    msg = _spec_error(_write(tmp_path, bad, "bad.yaml"))
+    assert f":{_line(bad, 'tax:')}: field 'space.bands.tax.ratio'" in msg

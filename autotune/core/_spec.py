@@ -166,9 +166,17 @@ class SuffixSpace(_Model):
     min_token_prob: list[float] = Field(default=[0.1], min_length=1)
 
 
+class BandsTax(_Model):
+    """What a band schedule's decode step costs over plain K on this engine and hardware, measured
+    on earlier nights (vLLM 0.25 drops FULL CUDA graphs with a schedule): the search's prior."""
+    ratio: float = Field(gt=0, description="step cost of a schedule / plain K at the same K and level")
+    df: int = Field(default=2, ge=0, description="what the figure is worth against the study's own schedules")
+
+
 class BandsSpace(_Model):
     """Per-batch-size K (``num_speculative_tokens_per_batch_size``) for the concurrency profile."""
     enabled: bool = False
+    tax: BandsTax | None = None
     tpot_ms: float | None = Field(default=None, gt=0, description="production TPOT estimate: with replay.mode "
                                   "other than profile, the levels come from the replay set's arrival times")
     max_levels: int = Field(default=3, ge=2, le=8)

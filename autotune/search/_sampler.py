@@ -24,6 +24,7 @@ same configuration), and the study shows in optuna-dashboard like any other.
 from __future__ import annotations
 
 import logging
+import math
 import random
 from dataclasses import dataclass, field
 
@@ -81,6 +82,9 @@ class CandidateSampler(BaseSampler):
         """(relative start-to-start sd, degrees of freedom) known before the study: the spec's
         recorded A/A figure for speculative configs (the candidates), or with ``set_noise_prior``
         that pooled with earlier nights."""
+        tax = spec.space.bands.tax
+        self.bands_tax: tuple[float, int] | None = (tax.ratio, tax.df) if tax is not None else None
+        """(band schedule's step cost over plain K, degrees of freedom): ``space.bands.tax``."""
         self._proposals: dict[int, Proposal] = {}
         self._tried: set[str] = set()
 
@@ -89,6 +93,18 @@ class CandidateSampler(BaseSampler):
         spec's A/A figure and earlier nights' repeats), pooled with this study's own repeats."""
         if df > 0 and sd > 0:
             self.noise_prior = (float(sd), int(df))
+
+    def set_bands_tax_prior(self, ratio: float, df: int) -> None:
+        """The bands tax measured on earlier nights (``_predict.measured_bands_tax`` of their trials),
+        pooled with the spec's ``space.bands.tax`` on the log scale by degrees of freedom."""
+        if df <= 0 or ratio <= 0:
+            return
+        if self.bands_tax is None or self.bands_tax[1] <= 0:
+            self.bands_tax = (float(ratio), int(df))
+            return
+        r0, d0 = self.bands_tax
+        n = d0 + int(df)
+        self.bands_tax = (math.exp((d0 * math.log(r0) + int(df) * math.log(ratio)) / n), n)
 
     # ---- what Study.objective asks -----------------------------------------------------------
     def proposal(self, number: int) -> Proposal | None:
@@ -152,7 +168,8 @@ class CandidateSampler(BaseSampler):
                                   failed=failed_keys(study), min_gain=obj.search_min_gain(),
                                   bands_max_batch=self.bands_max_batch,
                                   skip=self._busy_keys(study, measured=not obj.search_repeats),
-                                  noise_prior=self.noise_prior, repeats=obj.search_repeats)
+                                  noise_prior=self.noise_prior, repeats=obj.search_repeats,
+                                  bands_tax=self.bands_tax)
         _save(study, step)
         if step.action == "fallback" or (step.action == "measure" and step.config is None):
             self.notes.append(f"predictor: {step.reason}; Optuna's TPE searches instead")

@@ -36,6 +36,9 @@
 #   models                      the other methods' inputs: arctic-inference from .whl/*.whl (suffix
 #                               decoding) into vLLM's /tmp/site, the EAGLE-3 head and the MiMo-7B-shaped
 #                               MTP target (make_method_models.py); forgets the cached vLLM probe
+#   smollm2                     the real SmolLM2-135M: autotune deps, arctic-inference from .whl/ (suffix),
+#                               the target and its 8-layer draft from the GGUF pieces .gpu/g*/gguf-*
+#                               (make_smollm2.py), the real replay sets of .gpu/replay/ (make_real_replay.py)
 #   patch / unpatch             drafter CUDA-graph experiment (patch_drafter_cudagraph.py)
 #   sleep:N                     wait (lets the machine finish writing)
 set -u
@@ -114,6 +117,24 @@ for step in "$@"; do
       rm -f $R/home/cache/probe-*.json
       python3 -c "import arctic_inference.suffix_decoding as s, vllm; print('arctic_inference', s.__file__)" 2>&1 \
         | tail -1 | tee -a $R/results/setup.txt ;;
+    smollm2)
+      if [ ! -f /tmp/atsite/.ok ]; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/atsite .gpu/autotune-deps/*.whl 2>&1 | tail -2
+        touch /tmp/atsite/.ok
+      fi
+      if ls .whl/*.whl >/dev/null 2>&1 && [ ! -d /tmp/site/arctic_inference ]; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl 2>&1 | tail -2
+        rm -f $R/home/cache/probe-*.json
+      fi
+      mkdir -p /tmp/gguf && cp .gpu/g*/* /tmp/gguf/ 2>/dev/null
+      [ -f /tmp/models/smollm2-135m-draft-8l/model.safetensors ] || python3 benchmarks/gpu/make_smollm2.py /tmp/models \
+        --pieces /tmp/gguf --drafts 8 2>&1 | tail -4 | tee -a $R/results/round.log
+      for f in .gpu/replay/*.jsonl; do cp "$f" $R/replay-"$(basename "$f")"; done
+      { vllm --version; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; \
+        python3 -c "import optuna, transformers, vllm; print('optuna', optuna.__version__, 'transformers', transformers.__version__, 'vllm', vllm.__version__)"; \
+        python3 -c "import arctic_inference.suffix_decoding as s; print('arctic_inference', s.__file__)"; \
+        wc -l $R/replay-*.jsonl; } > $R/results/setup.txt 2>&1
+      cat $R/results/setup.txt ;;
     patch)   python3 benchmarks/gpu/patch_drafter_cudagraph.py /tmp/site/vllm | tee -a $R/results/round.log ;;
     unpatch) python3 benchmarks/gpu/patch_drafter_cudagraph.py /tmp/site/vllm --revert | tee -a $R/results/round.log ;;
     sleep)   sleep "$a" ;;
