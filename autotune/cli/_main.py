@@ -32,6 +32,7 @@ from autotune.search._trial import noise_text
 
 
 @click.group()
+@click.version_option(package_name="autotune", message="autotune %(version)s")
 @click.option("-v", "--verbose", count=True, help="-v for INFO logs, -vv for DEBUG")
 def main(verbose: int) -> None:
     """Tune vLLM speculative decoding per workload, on replayed production traffic."""
