@@ -73,7 +73,7 @@ class ReplaySpec(_Model):
         default=1, ge=1, le=16,
         description="experimental: steady windows measured one after another in each server start, each on fresh "
                     "requests of the replay set (the same ones in every start), pooled into the start's figures. "
-                    "Windows of one server differ by 5-6% on an H200 (docs/benchmarks.md, round 15): N windows cut "
+                    "Windows of one server differ by 5-6% on an H200 (docs/notes/2026-12-05-h200-round-15.md): N windows cut "
                     "that part of a start's noise by sqrt(N) for seconds each, where another start costs minutes. "
                     "Closed and profile mode")
 
@@ -254,10 +254,10 @@ class StartNoisePrior(_Model):
 
 NOISE_CLASSES = ("none", "speculative")
 """Configurations whose starts vary alike: no speculation, and every speculative config (on the
-H200 the baseline repeats within 0.5% where n-gram configs move up to 8%, docs/benchmarks.md)."""
+H200 the baseline repeats within 0.5% where n-gram configs move up to 8%, docs/notes/2026-12-03-h200-round-10.md)."""
 SEARCH_TOLERANCE = 0.03
 """The predictor's default "close enough": the search benchmark's target is a pick within 3% of
-the grid's best (docs/benchmarks.md). The measured noise (7-9% per start for n-gram configs on the
+the grid's best (docs/figures/search.md). The measured noise (7-9% per start for n-gram configs on the
 H200) is no stopping margin: it would stop before telling 4% apart, and on a quiet host it would
 keep starting servers for 1%."""
 
