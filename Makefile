@@ -18,7 +18,7 @@ LLAMA_NICE   ?= 0
 
 setup: $(READY) $(HOME_DIR)/replay/code.jsonl
 
-# llama-server plus the SmolLM2-135M GGUF, its truncated drafts and replay sets (see docs/benchmarks.md)
+# llama-server plus the SmolLM2-135M GGUF, its truncated drafts and replay sets (see docs/notes/2026-12-01-llamacpp-smollm2.md)
 llamacpp: $(LLAMA_SERVER) $(HOME_DIR)/replay/code-llamacpp.jsonl
 
 $(LLAMA_SERVER): tools/build-llama-server.sh | $(READY)

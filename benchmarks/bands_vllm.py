@@ -4,7 +4,7 @@ Three server starts of the code workload (tiny `target` model, 256-token outputs
 concurrency 1 and 4): ngram K=4 with the schedule [[1, 1, 4], [2, 8, 0]] (draft at 1 in flight
 only), a k=0-everywhere schedule, and no speculation. Prints draft tokens per decode step per
 level and the k=0 band's TPOT against no speculation; writes benchmarks/results/bands-vllm.json
-(read by benchmarks/search.py for docs/benchmarks.md). tests/test_bands_vllm.py runs the same
+(read by benchmarks/search.py for docs/figures/search.md). tests/test_bands_vllm.py runs the same
 measurement and asserts what must hold on any host.
 
     make setup

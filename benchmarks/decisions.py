@@ -323,7 +323,7 @@ def main(argv=None) -> int:
     ap.add_argument("--fit-only", action="store_true")
     ap.add_argument("--out", default=str(RESULTS / "decisions.json"))
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--no-docs", action="store_true", help="do not touch docs/benchmarks.md")
+    ap.add_argument("--no-docs", action="store_true", help="do not touch docs/figures/decisions.md")
     ap.add_argument("--docs-only", action="store_true",
                     help="rewrite the docs section from the results file (--out) without simulating again")
     args = ap.parse_args(argv)
@@ -401,7 +401,7 @@ def targets(rows) -> dict:
                                         "met": bool(ok_c and ok_d and ok_p)}}
 
 
-DOCS = ROOT / "docs" / "benchmarks.md"
+DOCS = ROOT / "docs" / "figures" / "decisions.md"
 SECTION = "## Decisions: error rates and power"
 
 
@@ -419,7 +419,7 @@ starts of known truth, the confirmation run as `Study.confirm` runs it (interlea
 the decision is open, the looks sized to the budget left after the search), {results['nights']}
 nights per cell, on every distinct budget of `studies/*.yaml`:
 
-    {results['command']}    # writes benchmarks/results/decisions.json and this section
+    {results['command']}    # writes benchmarks/results/decisions.json and docs/figures/decisions.md
 
 - **truth**: per-start statistic `T_c * exp(b)`, `b ~ N(0, log(1 + cv)^2)` at start-to-start CV
   3%, 6%, 9%, or 5% with a heavy tail (one start in 20 also 1.42x slower, as a busy host did to one
@@ -449,7 +449,7 @@ starts (excluded by the one stall rule), failed starts. The rule before this one
 into the intervals, dropped on an F test; the confidence split evenly over the looks) and its
 tables: `docs/notes/2026-12-04-decisions-with-priors.md`.
 """
-    text = DOCS.read_text()
+    text = DOCS.read_text() if DOCS.exists() else SECTION + "\n"
     start = text.find(SECTION)
     if start >= 0:
         nxt = text.find("\n## ", start + len(SECTION))

@@ -5,7 +5,7 @@ requests' TPOTs in request order (the replay's results are indexed by request), 
 measured requests (``split_requests``) say which TPOT is which kind: a code edit carries
 ``_codetraffic.SYSTEM`` as its system message. Per configuration: the median over starts of each
 kind's per-start median, and of each start's median, trimmed mean and mean, with the speedup over
-no speculation (docs/benchmarks.md, "mixed-smollm2").
+no speculation (docs/notes/2026-12-01-smollm2-vllm-cpu.md, "mixed-smollm2").
 
     .venv/bin/python benchmarks/grid_by_kind.py studies/mixed-smollm2.yaml
 """

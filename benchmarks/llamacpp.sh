@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The llama.cpp benchmarks of docs/benchmarks.md ("llama.cpp: SmolLM2-135M on llama-server"): per
+# The llama.cpp benchmarks of docs/notes/2026-12-01-llamacpp-smollm2.md: per
 # workload (code-llamacpp, chat-llamacpp) the exhaustive grid (2 fresh starts per configuration,
 # raw rows in benchmarks/results/grid-<workload>.jsonl; a rerun skips the starts recorded), then
 # one study with the shipped spec (its recommendation copied to benchmarks/results/study-<workload>.json).

@@ -52,7 +52,7 @@ from autotune.search._space import NGRAM_METHODS  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 H200 = ROOT.parent / "shared" / "data"
-DOCS = ROOT / "docs" / "benchmarks.md"
+DOCS = ROOT / "docs" / "figures" / "search.md"
 SECTION = "## Search: server starts to the right answer"
 TOLERANCE = 0.03
 

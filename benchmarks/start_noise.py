@@ -5,13 +5,13 @@ Each configuration started several times adds the squared deviations of its star
 statistic from their own mean, on ``starts - 1`` degrees of freedom (``_measure.pooled_start_noise``,
 what a study pools from its own starts). A prior copied from another model or another day can
 understate what one start tells: the tiny models' 5% was half of SmolLM2's 11% on 2026-12-02, and
-a study on that prior called a tie a 1.21x win (docs/benchmarks.md, "chat-smollm2").
+a study on that prior called a tie a 1.21x win (docs/notes/2026-12-01-smollm2-vllm-cpu.md, "chat-smollm2").
 
     .venv/bin/python benchmarks/start_noise.py benchmarks/results/grid-chat-smollm2.jsonl ...
     .venv/bin/python benchmarks/start_noise.py --by-class benchmarks/results/h200-points-2026-12-03-r10.jsonl ...
 
 ``--by-class`` gives no speculation and the speculative configurations a figure each: on the H200
-the baseline repeats within 0.5% where an n-gram config moves 8% (docs/benchmarks.md, round 10),
+the baseline repeats within 0.5% where an n-gram config moves 8% (docs/notes/2026-12-03-h200-round-10.md),
 and a decision that pooled them would judge a speculative winner on the baseline's quiet.
 """
 

@@ -62,7 +62,7 @@ def _speculative(workload: str) -> list[dict]:
     return [r["config"] for r in _rows(workload) if r["config"]]
 
 
-DOCS = (ROOT / "docs" / "benchmarks.md").read_text()
+DOCS = (ROOT / "docs" / "notes" / "2026-11-30-h200-rounds-1-2.md").read_text()
 
 
 def test_h200_chat_keep_says_that_concurrency_1_alone_would_speculate():
@@ -89,7 +89,7 @@ def test_h200_chat_keep_says_that_concurrency_1_alone_would_speculate():
     assert lines[0] == (f"c=1 (weight 0.50): none {base1:.2f} ms, best here ngram K=8 w=2-4 {best1:.2f} ms "
                         f"({base1 / best1:.2f}x)")
     assert lines[1] == f"c=32 (weight 0.50): none {base32:.2f} ms" and lines[2] == f"note: {advice}"
-    # docs/benchmarks.md quotes these lines
+    # the H200 rounds 1-2 note quotes these lines
     assert f"    {lines[0]}\n    {lines[1]}\n" in DOCS
 
 
@@ -157,6 +157,6 @@ def test_best_ranks_resumed_trials_by_todays_objective_not_their_stored_value():
     assert study.objective_of(best) == pytest.approx(weighted(NGRAM8))
     assert study.objective_of(stored) == pytest.approx(weighted(CODE_BANDS))
     assert weighted(NGRAM8) < weighted(CODE_BANDS) and stored.value < best.value
-    # docs/benchmarks.md's table of the re-decided studies
+    # the H200 rounds 1-2 note's table of the re-decided studies
     assert f"| code | ngram K=8 | **{weighted(NGRAM8):.2f} ms** |" in DOCS
     assert f"| code | ngram K=8, bands 1-5:8, 6-32:6 | {weighted(CODE_BANDS):.2f} ms |" in DOCS

@@ -1,7 +1,7 @@
 """Warm-up until the engine stops compiling (``search/_settle``).
 
 The server is the mock, and the test writes the compile lines vLLM's JIT monitor would write
-(the real lines, copied from an H200 log); what runs on the GPU is in docs/benchmarks.md.
+(the real lines, copied from an H200 log); what runs on the GPU is in docs/benchmarks.md and its notes.
 These tests pin the rule: rounds at each level until one compiles nothing, a cap, no rounds
 where the log cannot be watched, measured requests never reused, late compiles reported.
 """

@@ -46,7 +46,7 @@ def test_starts_that_differ_only_by_their_windows_have_no_between_part(wn):
 
 
 def test_round_15_rows_starts_differ_beyond_their_windows_at_both_levels(wn):
-    """The committed H200 rows behind docs/benchmarks.md's round 15: 8 starts of one configuration,
+    """The committed H200 rows behind docs/notes/2026-12-05-h200-round-15.md: 8 starts of one configuration,
     54 windows; window-to-window and start-to-start parts of 4-8% each, the latter significant."""
     res = wn.analyse([json.loads(ln) for ln in ROWS.read_text().splitlines() if ln.strip()])
     assert res["rows"] == 8 and set(res["levels"]) == {"1", "32"}

@@ -76,7 +76,7 @@ def run_study(spec: Path, tmp_path: Path) -> dict:
 def test_ngram_mid_study_searches_below_k_max_and_picks_within_the_grids_noise(make_spec, tmp_path):
     """ngram-mid's measured best is a middle K (K=4), and K=8, the edge a search that stops at
     K_max would keep, is 6% slower there: less than one start on these machines can tell (CV
-    about 10%, docs/benchmarks.md). So the test asks what a search can be held to: it measures a
+    about 10%, docs/notes/2026-12-01-smollm2-vllm-cpu.md). So the test asks what a search can be held to: it measures a
     middle K (a search that stops at the edge never does), and its pick is within the grid's noise
     of the best. A study that measured the middle may still keep K=8 when K=8's start ran fast;
     requiring 1 < K < 8 of the pick asserts the machine's timing, and failed in CI."""

@@ -73,6 +73,7 @@ class _Main(click.Group):
 
 
 @click.group(cls=_Main)
+@click.version_option(package_name="autotune", message="autotune %(version)s")
 @click.option("-v", "--verbose", count=True, help="-v for INFO logs, -vv for DEBUG")
 def main(verbose: int) -> None:
     """Tune vLLM speculative decoding per workload, on replayed production traffic."""

