@@ -449,14 +449,9 @@ starts (excluded by the one stall rule), failed starts. The rule before this one
 into the intervals, dropped on an F test; the confidence split evenly over the looks) and its
 tables: `docs/notes/2026-12-04-decisions-with-priors.md`.
 """
-    text = DOCS.read_text() if DOCS.exists() else SECTION + "\n"
-    start = text.find(SECTION)
-    if start >= 0:
-        nxt = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + body + ("\n" + text[nxt + 1:] if nxt >= 0 else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + body
-    DOCS.write_text(text)
+    from benchmarks._docs import replace_section
+
+    replace_section(DOCS, SECTION, body, "")
 
 
 def table(rows, groups) -> str:

