@@ -9,7 +9,7 @@ Order of work, spending server starts on purpose:
 1. the no-speculation baseline (the reference every ratio is taken against);
 2. each method at its largest K (its per-position acceptance covers every smaller K);
 3. ``objective.search``, one ``study.optimize`` whose sampler proposes each next configuration
-   (``_sampler.CandidateSampler``): by default the predictor (``_predict``) proposes what it rates
+   (``_sampler.CandidateSampler``): by default the predictor (``_policy``) proposes what it rates
    likely to beat the best by more than the noise, band schedules included, and stops the
    optimization (``study.stop()``) when nothing is; ``grid``/``random`` propose every candidate;
    ``tpe`` (or a predictor without data) goes on with the acceptance knee (``SearchSpace.knee_k``)
