@@ -147,7 +147,7 @@ def test_an_interrupted_start_does_not_spend_the_budget(tmp_path, env, monkeypat
 def test_a_signal_stop_is_told_from_a_death_also_in_older_storages():
     from types import SimpleNamespace as T
 
-    from autotune.search._study import stopped_by_signal
+    from autotune.search._trials import stopped_by_signal
     assert stopped_by_signal(T(user_attrs={"interrupted": True, "interrupted_by": "SIGTERM"}))
     # written before the mark existed: the error says it
     assert stopped_by_signal(T(user_attrs={"interrupted": True,

@@ -36,10 +36,9 @@ from typing import Callable
 from autotune.core._measure import pooled_start_noise
 from autotune.core._signals import signame_of
 from autotune.core._spec import StudySpec
-from autotune.core._store import open_optuna_storage
 from autotune.engines._hardware import identity
 from autotune.engines._probe import Capabilities
-from autotune.engines._recovery import StaleTrialCallback, process_identity, recover_trials, trial_id
+from autotune.engines._recovery import process_identity, recover_trials, trial_id
 from autotune.search import _bands
 from autotune.search._levels import measurement_objective
 from autotune.search._sampler import MODES as SAMPLER_MODES
@@ -48,14 +47,12 @@ from autotune.search._search import study_weights, with_profile
 from autotune.search._space import NONE, SearchSpace, canonical, in_space, params_of
 from autotune.search._trial import (Measurement, TrialFailed, batch_invariant, equivalence_requests, measure,
                                     stall_verdict)
+from autotune.search._trials import (ROLE_BASELINE, ROLE_CONFIRM, ROLE_SEARCH, check_hardware, claim_key_of,
+                                     fail_own_running, failed_here, in_state, interrupted_attrs, may_take_over,
+                                     open_storage, open_study, stopped_by_signal, stored_trials, trial_row)
 from autotune.traffic import _replayset
 
 log = logging.getLogger(__name__)
-
-ROLE_BASELINE, ROLE_SEARCH, ROLE_CONFIRM = "baseline", "search", "confirm"
-# Optuna heartbeats: a trial whose process stopped beating for the grace period is failed and
-# retried by whichever worker looks next (same-host deaths are caught at once, by pid).
-HEARTBEAT_INTERVAL_S, HEARTBEAT_GRACE_S = 60, 180
 
 
 @dataclass
@@ -109,37 +106,6 @@ def fingerprint(spec: StudySpec, replay_digest: str, caps: Capabilities, hardwar
                        **({"hardware": hardware} if hardware else {})},
                       sort_keys=True, default=str)
     return hashlib.sha1(blob.encode()).hexdigest()[:8]
-
-
-class HardwareMismatch(ValueError):
-    """A process on other hardware tried to add trials to a study: they would not be comparable."""
-
-
-def check_hardware(storage, study_name: str | None, default_name: str, inputs: str, hardware: str,
-                   leader: bool) -> None:
-    """Refuse to pool trials from other hardware into one study (raises HardwareMismatch).
-
-    ``study_name`` given: that study, when it exists, must have been measured on ``hardware``. A
-    worker (``leader`` False) without a name looks for a study of the same inputs (``inputs``: the
-    fingerprint without hardware) on other hardware: that is the study it was meant to join."""
-    import optuna
-
-    summaries = optuna.get_all_study_summaries(storage, include_best_trial=False)
-    if study_name:
-        other = [s for s in summaries if s.study_name == study_name
-                 and s.user_attrs.get("hardware") not in (None, hardware)]
-    elif not leader and not any(s.study_name == default_name for s in summaries):
-        other = [s for s in summaries if s.user_attrs.get("inputs") == inputs
-                 and s.user_attrs.get("hardware") not in (None, hardware)]
-    else:
-        other = []
-    if other:
-        s = other[0]
-        raise HardwareMismatch(
-            f"study {s.study_name} was measured on {s.user_attrs['hardware']}, this host has {hardware}: trials from "
-            f"other hardware are not pooled into one decision (TPOT on one accelerator says nothing about another); "
-            f"run this host's own study (`autotune study start` without --study-name), or set AUTOTUNE__HARDWARE "
-            f"if the detection is wrong")
 
 
 def split_requests(spec: StudySpec, rs: _replayset.ReplaySet):
@@ -247,20 +213,12 @@ class Study:
             sampler = tpe if spec.objective.search not in SAMPLER_MODES else CandidateSampler(
                 spec, space, mode=spec.objective.search, bands_max_batch=self._bands_max_batch(spec, caps),
                 fallback=tpe, notes=self.notes)
-            self.storage = open_optuna_storage(
-                storage, heartbeat_interval=HEARTBEAT_INTERVAL_S, grace_period=HEARTBEAT_GRACE_S,
-                heartbeat_stale_trial_callback=StaleTrialCallback(on_failed=self._record_trial))
+        self.storage = open_storage(storage, on_failed=self._record_trial)
         check_hardware(self.storage, study_name, self.name, self.inputs, self.hardware, leader)
         self.sampler = sampler
-        self.study = optuna.create_study(study_name=self.name, storage=self.storage, direction="minimize",
-                                         sampler=sampler, load_if_exists=True)
-        if self.study.user_attrs.get("hardware") is None:
-            self.study.set_user_attr("hardware", self.hardware)
-            self.study.set_user_attr("inputs", self.inputs)
-        if self.study.user_attrs.get("workload") != spec.workload:
-            self.study.set_user_attr("workload", spec.workload)
-            self.study.set_user_attr("replay_digest", self.replay_set.digest)
-            self.study.set_user_attr("vllm_version", caps.version)
+        self.study = open_study(self.storage, self.name, sampler, hardware=self.hardware, inputs=self.inputs,
+                                workload=spec.workload, replay_digest=self.replay_set.digest,
+                                vllm_version=caps.version)
         if store is not None:
             store.record_study(self.name, spec.workload, self.fingerprint, spec.model, caps.version,
                                str(self.replay_set.path), self.replay_set.digest)
@@ -294,22 +252,11 @@ class Study:
 
     # ---- bookkeeping over stored trials -------------------------------------------------
     def trials(self, role: str | None = None, config_key: str | None = None, complete=True):
-        import optuna
-
-        out = []
-        for t in self.study.get_trials(deepcopy=False):
-            if complete and t.state != optuna.trial.TrialState.COMPLETE:
-                continue
-            if role and t.user_attrs.get("role") != role:
-                continue
-            if config_key and t.user_attrs.get("config_key") != config_key:
-                continue
-            out.append(t)
-        return out
+        """The study's trials of ``role`` and ``config_key`` (``_trials.stored_trials``)."""
+        return stored_trials(self.study, role, config_key, complete)
 
     def _in_state(self, states, claim_key: str | None = None) -> list:
-        return [t for t in self.study.get_trials(deepcopy=False, states=states)
-                if claim_key is None or _claim_key_of(t) == claim_key]
+        return in_state(self.study, states, claim_key)
 
     def server_starts(self) -> int:
         """Every server start the study made, interrupted ones included: what it cost."""
@@ -418,12 +365,7 @@ class Study:
     def _may_take_over(self, holder: int, role: str) -> bool:
         """A claim passes on when its trial gave up: pruned, interrupted, or failed. A search trial
         does not retry a configuration vLLM already refused (that would only spend a start)."""
-        t = self.storage.get_trial(trial_id(self.study, self.storage, holder))
-        if t.state.name == "PRUNED":
-            return True
-        if t.state.name == "FAIL":
-            return role != ROLE_SEARCH or bool(t.user_attrs.get("interrupted")) or "error" not in t.user_attrs
-        return False
+        return may_take_over(self.storage.get_trial(trial_id(self.study, self.storage, holder)), role)
 
     def _claim(self, trial, claim_key: str, role: str) -> None:
         import optuna
@@ -533,25 +475,8 @@ class Study:
         """The trial's headline numbers into autotune_trials (SRE reports, exporter)."""
         if self.store is None or frozen.state.name in ("WAITING", "RUNNING", "PRUNED"):
             return  # pruned trials started nothing (duplicates, already measured)
-        m = frozen.user_attrs.get("measurement") or {}
-        d = m.get("spec_delta") or {}
-        cfg = frozen.user_attrs.get("config") or {}
-        owner = frozen.user_attrs.get("owner") or {}
         try:
-            self.store.upsert_trial({
-                "study_name": self.name, "trial_number": frozen.number,
-                "run_id": frozen.user_attrs.get("run_id") or self.run_id, "workload": self.spec.workload,
-                "role": frozen.user_attrs.get("role"), "config_key": frozen.user_attrs.get("config_key"),
-                "method": cfg.get("method") if cfg else ("none" if "config" in frozen.user_attrs else None),
-                "k": cfg.get("num_speculative_tokens") if cfg else None, "state": frozen.state.name,
-                "tpot_ms": frozen.value if frozen.state.name == "COMPLETE" and frozen.value != float("inf") else None,
-                "acceptance_length": d.get("acceptance_length"), "acceptance_rate": d.get("acceptance_rate"),
-                "output_tok_s": (m.get("summary") or {}).get("output_throughput_tok_s"),
-                "failed_requests": (m.get("summary") or {}).get("failed"),
-                "server_starts": int(frozen.user_attrs.get("server_starts", 0)),
-                "start_seconds": m.get("start_seconds"),
-                "error": frozen.user_attrs.get("error") or (str(frozen.system_attrs.get("fail_reason", ""))[:500] or None),
-                "host": owner.get("host"), "log_path": frozen.user_attrs.get("log_path")})
+            self.store.upsert_trial(trial_row(frozen, self.name, self.run_id, self.spec.workload))
         except Exception as e:  # the report table must never fail a study
             log.warning("cannot record trial %s in autotune_trials: %s", frozen.number, e)
 
@@ -744,12 +669,7 @@ class Study:
 
     def _baseline_failed_here(self) -> bool:
         """The baseline failed in this process already: do not start it again and again."""
-        import os
-
-        return any(t.user_attrs.get("config_key") == NONE and t.state.name == "FAIL"
-                   and (t.user_attrs.get("owner") or {}).get("pid") == os.getpid()
-                   and not t.user_attrs.get("interrupted")
-                   for t in self.study.get_trials(deepcopy=False))
+        return failed_here(self.study.get_trials(deepcopy=False), NONE)
 
     def _enqueueable(self, config: dict | None) -> dict | None:
         """Optuna params for a known config (incumbent, yesterday's winner), or None when the
@@ -812,7 +732,7 @@ class Study:
             for params, key, attrs in sides:
                 have = self.trials(role=ROLE_CONFIRM, config_key=key)
                 slot = f"confirm/{i}/{key}"
-                if len(have) > i or any(_claim_key_of(t) == slot for t in have):
+                if len(have) > i or any(claim_key_of(t) == slot for t in have):
                     continue
                 if self._pause_due():
                     self.paused = True
@@ -830,38 +750,7 @@ class Study:
     def fail_own_running(self, signame: str) -> None:
         """After the signal ``signame``: any trial of this process still RUNNING is failed, marked
         as stopped by it (``interrupted_attrs``)."""
-        import os
-
-        from optuna.trial import TrialState
-
-        for t in self._in_state((TrialState.RUNNING,)):
-            if (t.user_attrs.get("owner") or {}).get("pid") == os.getpid():
-                try:
-                    tid = trial_id(self.study, self.storage, t.number)
-                    for k, v in interrupted_attrs(signame).items():
-                        self.storage.set_trial_user_attr(tid, k, v)
-                    self.storage.set_trial_state_values(tid, state=TrialState.FAIL)
-                    self._record_trial(self.storage.get_trial(tid))
-                except Exception:
-                    pass
-
-
-def interrupted_attrs(signame: str) -> dict:
-    """What a trial stopped by the signal ``signame`` carries: the reason, and the mark that
-    ``stopped_by_signal`` reads (such a start does not count against the budget)."""
-    return {"error": f"interrupted by {signame}: vllm serve stopped, trial not measured", "interrupted": True,
-            "interrupted_by": signame}
-
-
-def stopped_by_signal(t) -> bool:
-    """The trial's start was stopped by SIGINT or SIGTERM (``interrupted_by``; storages written before
-    that mark say it in the error: ``interrupted by SIGINT: ...``), not by its process dying."""
-    return bool(t.user_attrs.get("interrupted_by")) or \
-        str(t.user_attrs.get("error") or "").startswith("interrupted by SIG")
-
-
-def _claim_key_of(t) -> str | None:
-    return t.user_attrs.get("claim_key") or t.user_attrs.get("config_key")
+        fail_own_running(self.study, self.storage, signame, self._record_trial)
 
 
 UNSEEN_METHOD_FACTOR = 1.5
