@@ -16,7 +16,7 @@ from autotune.core._store import Store
 from autotune.engines import _probe
 from autotune.engines._probe import Capabilities
 from autotune.ops import _runner
-from autotune.search import _study
+from autotune.search import _budget, _study
 from autotune.search._space import canonical
 
 CAPS = Capabilities(version="0.32.0", methods=["ngram"], fields=["method", "num_speculative_tokens",
@@ -190,6 +190,7 @@ def test_a_study_in_timed_windows_begins_only_starts_that_fit_and_matches_the_un
     make_spec(timed, budget=budget)
     clock, spans = _Clock(), []
     monkeypatch.setattr(_study, "time", clock)
+    monkeypatch.setattr(_budget, "time", clock)
     monkeypatch.setattr(_runner, "time", clock)
 
     def timed_measure(spec, config, *a, **k):
@@ -223,7 +224,7 @@ def test_the_expected_start_length_is_the_longest_of_its_method_or_its_own_attem
     from datetime import datetime, timedelta
     from types import SimpleNamespace as T
 
-    from autotune.search._study import expected_start_s
+    from autotune.search._budget import expected_start_s
 
     def trial(state, method, k, s=None, dt=None):
         cfg = None if method == "none" else {"method": method, "num_speculative_tokens": k}

@@ -40,6 +40,7 @@ from autotune.engines._hardware import identity
 from autotune.engines._probe import Capabilities
 from autotune.engines._recovery import process_identity, recover_trials, trial_id
 from autotune.search import _bands
+from autotune.search._budget import Pause, StartBudget, confirm_reserve
 from autotune.search._levels import measurement_objective
 from autotune.search._sampler import MODES as SAMPLER_MODES
 from autotune.search._sampler import CandidateSampler
@@ -49,7 +50,7 @@ from autotune.search._trial import (Measurement, TrialFailed, batch_invariant, e
                                     stall_verdict)
 from autotune.search._trials import (ROLE_BASELINE, ROLE_CONFIRM, ROLE_SEARCH, check_hardware, claim_key_of,
                                      fail_own_running, failed_here, in_state, interrupted_attrs, may_take_over,
-                                     open_storage, open_study, stopped_by_signal, stored_trials, trial_row)
+                                     open_storage, open_study, stored_trials, trial_row)
 from autotune.traffic import _replayset
 
 log = logging.getLogger(__name__)
@@ -234,21 +235,26 @@ class Study:
                               "ones (the decision says so)")
         self._dupes = 0
         self.recovered = self.recover()
-        self.pause_after_starts = pause_after_starts
-        """At most this many server starts in this run, then stop without confirming or deciding:
-        a GPU window shorter than the study (the next run resumes the same study). A start is
-        begun only when the run may still make it, so none is cut short and lost to the budget."""
-        self.pause_after_minutes = pause_after_minutes
-        """This run ends within this many minutes: a start is begun only when it is expected to
-        end in time (``expected_start_s``), else the run pauses before it; a window with a hard
-        end (the scheduler's, a GPU lease) then loses no start to the clock."""
-        self._window_ends = None if pause_after_minutes is None else \
-            (self.t0 if window_began is None else window_began) + pause_after_minutes * 60
-        """``time.monotonic`` at the window's end, counted from ``window_began``: the runner's command,
-        before the GPU lock and probe."""
-        self._starts_at_open = self.server_starts()
-        self.paused = False
-        self._paused_for = ""
+        self.budget = StartBudget(spec, space, self.study, self.t0,
+                                  Pause(pause_after_starts, pause_after_minutes, window_began))
+        """What this run may still spend, and its pause (``_budget``)."""
+
+    @property
+    def paused(self) -> bool:
+        """A start was refused for this run's pause (``_budget.Pause``): nothing confirmed or decided."""
+        return self.budget.paused
+
+    @paused.setter
+    def paused(self, value: bool) -> None:
+        self.budget.paused = value
+
+    @property
+    def pause_after_starts(self) -> int | None:
+        return self.budget.pause.after_starts
+
+    @property
+    def pause_after_minutes(self) -> float | None:
+        return self.budget.pause.after_minutes
 
     # ---- bookkeeping over stored trials -------------------------------------------------
     def trials(self, role: str | None = None, config_key: str | None = None, complete=True):
@@ -259,29 +265,19 @@ class Study:
         return in_state(self.study, states, claim_key)
 
     def server_starts(self) -> int:
-        """Every server start the study made, interrupted ones included: what it cost."""
-        return sum(int(t.user_attrs.get("server_starts", 0)) for t in self.study.get_trials(deepcopy=False)
-                   if t.state.name != "WAITING")
+        """Every server start the study made, interrupted ones included (``StartBudget.server_starts``)."""
+        return self.budget.server_starts()
 
     def interrupted_starts(self) -> int:
-        """Starts stopped by SIGINT or SIGTERM (``interrupted_by``): someone chose to stop them, so
-        they measured nothing through no fault of their configuration."""
-        return sum(int(t.user_attrs.get("server_starts", 0)) for t in self.study.get_trials(deepcopy=False)
-                   if stopped_by_signal(t))
+        """Starts stopped by SIGINT or SIGTERM (``StartBudget.interrupted_starts``)."""
+        return self.budget.interrupted_starts()
 
     def budget_starts(self) -> int:
-        """The starts ``budget.max_server_starts`` counts: all but ``interrupted_starts``, so the
-        rerun that resumes a stopped study redoes the stopped start without losing a measured one
-        (``max_wall_minutes`` bounds what each run spends). A start whose autotune process died
-        still counts: the cause is unknown (the host's OOM killer may answer the configuration), and
-        counting it bounds a crash loop."""
-        return self.server_starts() - self.interrupted_starts()
+        """The starts ``budget.max_server_starts`` counts (``StartBudget.budget_starts``)."""
+        return self.budget.budget_starts()
 
     def search_trials(self) -> int:
-        return sum(1 for t in self.study.get_trials(deepcopy=False)
-                   if t.user_attrs.get("role") in (ROLE_BASELINE, ROLE_SEARCH)
-                   and t.user_attrs.get("server_starts", 0) and t.state.name != "WAITING"
-                   and not stopped_by_signal(t))
+        return self.budget.search_trials()
 
     def start_to_start_noise(self, m: Measurement) -> dict:
         """Start-to-start noise as known when ``m`` is recorded: the sd of log per-start objective
@@ -406,11 +402,11 @@ class Study:
             raise optuna.TrialPruned(f"already measured: {key}")
         if role == ROLE_SEARCH and key == NONE and self.trials(config_key=NONE):
             raise optuna.TrialPruned("baseline already measured")
-        if not self._fits(key, (config or {}).get("method", NONE)):
+        if not self.budget.fits(key, (config or {}).get("method", NONE)):
             self.paused = True
-            trial.set_user_attr("paused", self._paused_for)
+            trial.set_user_attr("paused", self.budget.paused_for)
             trial.study.stop()
-            raise optuna.TrialPruned(self._paused_for)
+            raise optuna.TrialPruned(self.budget.paused_for)
         self._claim(trial, claim_key, role)
         reqs = self.confirm_reqs if role == ROLE_CONFIRM else self.search_reqs
         log_path = self.home / "logs" / self.name / f"trial-{trial.number:04d}.log"
@@ -489,64 +485,9 @@ class Study:
             self.notes.append(f"bands: vLLM {caps.version} has no num_speculative_tokens_per_batch_size")
         return None
 
-    def _pause_due(self) -> bool:
-        """This run has made its ``pause_after_starts`` (or a start did not fit its
-        ``pause_after_minutes``); ``paused`` is set only where a start is then refused, so the run
-        that makes the study's last start still decides."""
-        return bool(self._paused_for) or self.pause_after_starts is not None and \
-            self.server_starts() - self._starts_at_open >= self.pause_after_starts
-
-    def _fits(self, config_key: str, method: str) -> bool:
-        """With ``pause_after_minutes``: is the start of ``config_key`` expected to end before the
-        run's time is up? If not, the run pauses before it (``_paused_for`` says why)."""
-        if self._window_ends is None:
-            return True
-        expected = expected_start_s(self.study.get_trials(deepcopy=False), config_key, method)
-        left = self._window_ends - time.monotonic()
-        if expected is None or expected[0] <= left:
-            return True
-        self._paused_for = (f"paused before {config_key}: its start is expected to take {expected[0]:.0f} s "
-                            f"({expected[1]}), {max(left, 0):.0f} s of this run's {self.pause_after_minutes:g} min "
-                            "are left; the next run resumes the study")
-        return False
-
-    def _blocked(self, reserve: int) -> str | None:
-        """``_budget_left`` at a point where a start would follow, or the pause that refuses it."""
-        reason = self._budget_left(reserve)
-        if not reason and self._pause_due():
-            self.paused = True
-            return self._pause_reason()
-        return reason
-
-    def _pause_reason(self) -> str:
-        if self._paused_for:
-            return self._paused_for
-        return (f"paused after {self.server_starts() - self._starts_at_open} server starts in this run "
-                f"(pause_after_starts {self.pause_after_starts}); the next run resumes the study")
-
-    def _budget_left(self, reserve: int = 0) -> str | None:
-        b = self.spec.budget
-        if self.budget_starts() + reserve >= b.max_server_starts:
-            n = self.interrupted_starts()
-            return f"server-start budget ({b.max_server_starts}) reached" + (
-                f" ({n} start{'s' * (n > 1)} stopped by a signal not counted)" if n else "")
-        if self.search_trials() >= b.max_trials:
-            return f"trial budget ({b.max_trials}) reached"
-        if (time.monotonic() - self.t0) / 60 >= b.max_wall_minutes:
-            return f"wall-time budget ({b.max_wall_minutes} min) reached"
-        if len({t.user_attrs.get("config_key") for t in self.trials()}) >= self.space.size():
-            return "every configuration in the space was measured"
-        return None
-
     def confirm_reserve(self) -> int:
-        """Server starts the search leaves for the confirmation: ``confirm_max_starts`` rounds of
-        baseline, incumbent (when deployed) and winner, since the decision's power lies in those
-        rounds, not in one more search start; but never so many that the search cannot start the
-        baseline, the incumbent and one candidate (then ``confirm_starts`` rounds at least)."""
-        o = self.spec.objective
-        sides = 3 if self.spec.incumbent else 2
-        room = self.spec.budget.max_server_starts - (sides - 1) - 1
-        return sides * max(o.confirm_starts, min(o.max_confirm_starts(), room // sides))
+        """Server starts the search leaves for the confirmation (``_budget.confirm_reserve``)."""
+        return confirm_reserve(self.spec)
 
     def _callback(self, study, frozen) -> None:
         import optuna
@@ -562,12 +503,12 @@ class Study:
             best=self.mean_objective(best) if best else None, server_starts=self.server_starts(),
             elapsed_s=time.monotonic() - self.t0,
             note=frozen.user_attrs.get("error", "") or ("duplicate" if frozen.user_attrs.get("duplicate") else "")))
-        reason = self._budget_left(reserve=self.confirm_reserve()
+        reason = self.budget.left(reserve=self.confirm_reserve()
                                    if frozen.user_attrs.get("role") != ROLE_CONFIRM else 0)
         self._dupes = self._dupes + 1 if frozen.user_attrs.get("duplicate") else 0
         if self._dupes >= 25:
             reason = "the sampler keeps proposing measured configurations"
-        if frozen.user_attrs.get("role") != ROLE_CONFIRM and (reason or self._pause_due()):
+        if frozen.user_attrs.get("role") != ROLE_CONFIRM and (reason or self.budget.pause_due()):
             if reason:
                 self.stopped_because = reason
             else:
@@ -610,7 +551,7 @@ class Study:
 
         self._dupes = 0
         reserve = self.confirm_reserve()
-        while not self.trials(config_key=NONE) and not self._blocked(reserve):
+        while not self.trials(config_key=NONE) and not self.budget.blocked(reserve):
             if self._in_state((TrialState.RUNNING,), NONE):
                 self._wait_while_running(NONE)          # another worker runs the baseline
             elif not self._in_state((TrialState.WAITING,), NONE) and self._baseline_failed_here():
@@ -624,7 +565,7 @@ class Study:
                               f"(see {self.home / 'logs' / self.name})")
         for cfg in ([self.spec.incumbent] if self.spec.incumbent else []) + self.warm_start:
             params = self._enqueueable(cfg)
-            if params and not self.trials(config_key=canonical(cfg)) and not self._blocked(reserve):
+            if params and not self.trials(config_key=canonical(cfg)) and not self.budget.blocked(reserve):
                 self._run_enqueued(params, ROLE_SEARCH)
         self.fidelity = None
         if self.leader and self.spec.production.telemetry and self.fidelity_check is not None:
@@ -633,7 +574,7 @@ class Study:
             params = self.space.params_for(method)
             if self.trials(config_key=canonical(self.space.config_from_params(params))):
                 continue
-            if self._blocked(reserve):
+            if self.budget.blocked(reserve):
                 break
             self._run_enqueued(params, ROLE_SEARCH)
         # objective.search: the sampler (predictor, grid, random: _sampler.CandidateSampler; tpe) drives
@@ -645,13 +586,13 @@ class Study:
             knee = self.space.knee_k(method, rates or [])
             params = self.space.params_for(method, knee) if knee else None
             if params and not self.trials(config_key=canonical(self.space.config_from_params(params))) \
-                    and not self._blocked(reserve):
+                    and not self.budget.blocked(reserve):
                 self._run_enqueued(params, ROLE_SEARCH)
-        if not self.paused and not self._blocked(reserve):
+        if not self.paused and not self.budget.blocked(reserve):
             self.study.optimize(self.objective, catch=(TrialFailed,), callbacks=[self._callback],
                                 gc_after_trial=False)
         if not self.paused:
-            self.stopped_because = self.stopped_because or self._budget_left(reserve) or "search finished"
+            self.stopped_because = self.stopped_because or self.budget.left(reserve) or "search finished"
             if self.stopped_because and self.leader:
                 self.study.set_user_attr("stopped_because", self.stopped_because)
             if self.leader:
@@ -664,7 +605,7 @@ class Study:
                             trials=self.study.get_trials(deepcopy=False), server_starts=self.server_starts(),
                             interrupted_starts=self.interrupted_starts(),
                             wall_s=time.monotonic() - self.t0,
-                            stopped_because=self._pause_reason() if self.paused else self.stopped_because,
+                            stopped_because=self.budget.pause_reason() if self.paused else self.stopped_because,
                             paused=self.paused)
 
     def _baseline_failed_here(self) -> bool:
@@ -734,7 +675,7 @@ class Study:
                 slot = f"confirm/{i}/{key}"
                 if len(have) > i or any(claim_key_of(t) == slot for t in have):
                     continue
-                if self._pause_due():
+                if self.budget.pause_due():
                     self.paused = True
                     return
                 if self.budget_starts() >= self.spec.budget.max_server_starts:
@@ -751,40 +692,3 @@ class Study:
         """After the signal ``signame``: any trial of this process still RUNNING is failed, marked
         as stopped by it (``interrupted_attrs``)."""
         fail_own_running(self.study, self.storage, signame, self._record_trial)
-
-
-UNSEEN_METHOD_FACTOR = 1.5
-"""``expected_start_s`` of a method not started yet: this many times the study's longest start."""
-
-
-def start_seconds_of(t) -> float | None:
-    """How long the trial's server start took, from start to stop: ``start_s``, or for trials
-    written before it (and those a signal handler failed), Optuna's start and end times."""
-    if t.user_attrs.get("start_s") is not None:
-        return float(t.user_attrs["start_s"])
-    if t.datetime_start and t.datetime_complete:
-        return (t.datetime_complete - t.datetime_start).total_seconds()
-    return None
-
-
-def expected_start_s(trials, config_key: str, method: str) -> tuple[float, str] | None:
-    """The seconds a start of ``config_key`` is expected to take, and the basis: the longest
-    earlier start of the same method in this study, or of this configuration itself (an
-    interrupted attempt's length is a lower bound of its own); with neither, half as much again as
-    the longest start of any method (a method's first start loads what the others did not: on the
-    H200 a draft model's start took 1.4-1.9 times an ngram start). The longest, not a mean: the
-    window it protects has a hard end. None before any start has ended."""
-    def method_of(t) -> str:
-        return (t.user_attrs.get("config") or {}).get("method") or NONE
-
-    ended = [(t, s) for t in trials if t.state.name in ("COMPLETE", "FAIL") and t.user_attrs.get("server_starts")
-             and (s := start_seconds_of(t)) is not None]
-    own = [s for t, s in ended if t.user_attrs.get("config_key") == config_key or
-           (method_of(t) == method and t.state.name == "COMPLETE")]
-    if own:
-        return max(own), f"the longest of this study's {len(own)} start{'s' * (len(own) > 1)} of {method}"
-    done = [s for t, s in ended if t.state.name == "COMPLETE"]
-    if done:
-        return UNSEEN_METHOD_FACTOR * max(done), (f"no start of {method} yet: {UNSEEN_METHOD_FACTOR:g} x the longest "
-                                                  f"of this study's {len(done)} starts")
-    return None
