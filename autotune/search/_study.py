@@ -13,11 +13,16 @@ Order of work, spending server starts on purpose:
    likely to beat the best by more than the noise, band schedules included, and stops the
    optimization (``study.stop()``) when nothing is; ``grid``/``random`` propose every candidate;
    ``tpe`` (or a predictor without data) goes on with the acceptance knee (``SearchSpace.knee_k``)
-   and Optuna's TPE sampler, guards as constraints, until the budget or the space runs out;
+   and Optuna's TPE sampler, guards as constraints, until the budget (``_budget``) or the space
+   runs out;
 4. ``confirm_starts`` fresh starts each of baseline, incumbent and winner, interleaved, on
    fresh requests (more rounds up to ``confirm_max_starts`` while the decision is open): the
    decision rests on these starts only, so the winner's selection start (the winner's curse)
-   is not in it (``_recommend``, docs/decisions.md).
+   is not in it (``_confirm``, ``_recommend``, docs/decisions.md).
+
+``Study`` drives this order and each trial's objective (claim, start, measure, guards); it
+composes the Optuna glue (``_trials``: storage, trial queries, user attributes), the budget and
+pause of the run (``_budget``) and the confirmation plan (``_confirm``).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from autotune.engines._probe import Capabilities
 from autotune.engines._recovery import process_identity, recover_trials, trial_id
 from autotune.search import _bands
 from autotune.search._budget import Pause, StartBudget, confirm_reserve
+from autotune.search._confirm import Confirmation
 from autotune.search._levels import measurement_objective
 from autotune.search._sampler import MODES as SAMPLER_MODES
 from autotune.search._sampler import CandidateSampler
@@ -48,9 +54,9 @@ from autotune.search._search import study_weights, with_profile
 from autotune.search._space import NONE, SearchSpace, canonical, in_space, params_of
 from autotune.search._trial import (Measurement, TrialFailed, batch_invariant, equivalence_requests, measure,
                                     stall_verdict)
-from autotune.search._trials import (ROLE_BASELINE, ROLE_CONFIRM, ROLE_SEARCH, check_hardware, claim_key_of,
-                                     fail_own_running, failed_here, in_state, interrupted_attrs, may_take_over,
-                                     open_storage, open_study, stored_trials, trial_row)
+from autotune.search._trials import (ROLE_BASELINE, ROLE_CONFIRM, ROLE_SEARCH, check_hardware, fail_own_running,
+                                     failed_here, in_state, interrupted_attrs, may_take_over, open_storage,
+                                     open_study, stored_trials, trial_row)
 from autotune.traffic import _replayset
 
 log = logging.getLogger(__name__)
@@ -226,9 +232,8 @@ class Study:
         self.t0 = time.monotonic()
         self.current_server = None
         self.stopped_because = ""
-        # set by the caller that decides (``_recommend.open_question``): one more confirmation round?
-        self.confirm_open: Callable[[], bool] | None = None
-        self.confirmation: dict = {}
+        self.confirming = Confirmation()
+        """The confirmation plan (``_confirm``); ``confirm_open`` and ``confirmation`` read through to it."""
         if self.confirm_reqs is self.search_reqs and spec.objective.confirm_starts:
             self.notes.append(f"confirmation reuses the search requests: {len(self.replay_set.requests)} requests "
                               f"in the replay set, fewer than warm-up + 2 x {len(self.search_reqs)} needed for fresh "
@@ -247,6 +252,34 @@ class Study:
     @paused.setter
     def paused(self, value: bool) -> None:
         self.budget.paused = value
+
+    @property
+    def spec(self) -> StudySpec:
+        return self._spec
+
+    @spec.setter
+    def spec(self, value: StudySpec) -> None:
+        self._spec = value  # the budget judges by the study's spec, also one set after the study opened
+        if "budget" in self.__dict__:
+            self.budget.spec = value
+
+    @property
+    def confirm_open(self) -> Callable[[], bool] | None:
+        """Set by the caller that decides (``_recommend.open_question``): one more confirmation round?"""
+        return self.confirming.open
+
+    @confirm_open.setter
+    def confirm_open(self, value: Callable[[], bool] | None) -> None:
+        self.confirming.open = value
+
+    @property
+    def confirmation(self) -> dict:
+        """What the confirmation ran, and why a round did not (``Confirmation.record``)."""
+        return self.confirming.record
+
+    @confirmation.setter
+    def confirmation(self, value: dict) -> None:
+        self.confirming.record = value
 
     @property
     def pause_after_starts(self) -> int | None:
@@ -629,64 +662,10 @@ class Study:
 
     def confirm(self) -> None:
         """Fresh starts of baseline, incumbent and winner on the confirmation requests, interleaved
-        round by round (slow drift of the host hits each side alike), ``confirm_starts`` each;
-        then, while ``confirm_open()`` says the decision is still open, more rounds up to
-        ``confirm_max_starts``. The decision uses these starts only (the winner's selection start
-        is not among them). What ran, and why a round did not, is kept in ``self.confirmation``
-        for the decision to state."""
-        best = self.best(search_only=True)
-        obj = self.spec.objective
-        n, most = obj.confirm_starts, obj.max_confirm_starts()
-        self.confirmation = {"planned": n, "max": most, "rounds": 0, "skipped": None,
-                             "fresh_requests": self.confirm_reqs is not self.search_reqs}
-        if best is None:
-            self.confirmation["skipped"] = "no candidate to confirm"
-            return
-        if n == 0:
-            self.confirmation["skipped"] = "objective.confirm_starts is 0"
-            return
-        wkey = best.user_attrs["config_key"]
-        sides = [({"method": NONE}, NONE, None)]
-        inc = self.spec.incumbent
-        if inc and canonical(inc) != wkey:
-            params = self._enqueueable(inc)
-            if params is None:
-                self.notes.append(f"the incumbent {canonical(inc)} cannot be confirmed: outside tonight's space")
-            else:
-                sides.append((params, canonical(inc), None))
-        bands = best.user_attrs.get("bands")
-        sides.append((dict(best.params), wkey, {"bands": bands} if bands else None))
-        # the looks the budget allows, fixed before the first confirmation start (and kept for a
-        # resumed run): the decision spends its error over exactly these (_recommend.planned_looks)
-        looks = self.study.user_attrs.get("confirm_looks")
-        if looks is None:
-            done = len(self.trials(role=ROLE_CONFIRM))
-            looks = obj.planned_looks(self.spec.budget.max_server_starts - self.budget_starts() + done, len(sides))
-            if self.leader:
-                self.study.set_user_attr("confirm_looks", looks)
-        self.confirmation["looks"] = looks
-        most = max(n, min(most, looks))  # confirm_starts rounds are tried whatever the budget (and say so)
-        for i in range(most):
-            done = all(len(self.trials(role=ROLE_CONFIRM, config_key=key)) > i for _, key, _ in sides)
-            if not done and i >= n and not (self.confirm_open is not None and self.confirm_open()):
-                break  # the decision is settled (or nobody asks): no further round
-            for params, key, attrs in sides:
-                have = self.trials(role=ROLE_CONFIRM, config_key=key)
-                slot = f"confirm/{i}/{key}"
-                if len(have) > i or any(claim_key_of(t) == slot for t in have):
-                    continue
-                if self.budget.pause_due():
-                    self.paused = True
-                    return
-                if self.budget_starts() >= self.spec.budget.max_server_starts:
-                    if i < n:
-                        self.confirmation["skipped"] = (f"the server-start budget ({self.spec.budget.max_server_starts})"
-                                                        f" was spent after {i} of {n} confirmation rounds")
-                    else:
-                        self.confirmation["stopped"] = f"server-start budget spent after {i} rounds"
-                    return
-                self._run_enqueued(params, ROLE_CONFIRM, claim_key=slot, attrs=attrs)
-            self.confirmation["rounds"] = i + 1
+        round by round, ``confirm_starts`` each, then more while ``confirm_open()`` says the decision
+        is still open, up to ``confirm_max_starts`` (``_confirm.Confirmation``). The decision uses
+        these starts only. What ran, and why a round did not, is kept in ``self.confirmation``."""
+        self.confirming.run(self)
 
     def fail_own_running(self, signame: str) -> None:
         """After the signal ``signame``: any trial of this process still RUNNING is failed, marked
