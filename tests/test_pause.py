@@ -17,7 +17,8 @@ from autotune.engines import _probe
 from autotune.engines._probe import Capabilities
 from autotune.ops import _runner
 from autotune.search import _budget, _study
-from autotune.search._space import canonical
+from autotune.search._budget import Pause
+from autotune.search._space import SearchSpace, canonical
 
 CAPS = Capabilities(version="0.32.0", methods=["ngram"], fields=["method", "num_speculative_tokens",
                     "prompt_lookup_min", "prompt_lookup_max"], arctic_inference=False)
@@ -241,3 +242,20 @@ def test_the_expected_start_length_is_the_longest_of_its_method_or_its_own_attem
     assert expected_start_s([*trials, cut], "draft_model:4", "draft_model")[0] == 330
     assert expected_start_s([*trials, cut], "draft_model:2", "draft_model")[0] == 300  # not another K's failure
     assert expected_start_s([*trials, trial("RUNNING", "ngram", 2, dt=900)], "ngram:2", "ngram")[0] == 170
+
+
+def test_a_pause_given_as_one_value_pauses_the_study_as_its_parts_do(tmp_path, monkeypatch):
+    """``Study(pause=Pause(...))`` is ``pause_after_starts`` and the rest under one name; both at
+    once is refused, naming the two ways."""
+    spec = make_spec(tmp_path, budget={"max_trials": 8, "max_server_starts": 10, "max_wall_minutes": 10})
+    monkeypatch.setattr(_study, "measure", fake_measure(Workload(rates=RATES)))
+
+    def study(d, **kw):
+        return _study.Study(spec.model_copy(update={"storage": f"sqlite:///{tmp_path / d}.db"}), CAPS,
+                            SearchSpace.build(spec.space, CAPS), f"sqlite:///{tmp_path / d}.db", ["vllm", "serve"],
+                            tmp_path / d, **kw)
+    grouped, parts = study("grouped", pause=Pause(after_starts=2)).run(), study("parts", pause_after_starts=2).run()
+    assert grouped.paused and parts.paused and grouped.server_starts == parts.server_starts == 2
+    assert grouped.stopped_because == parts.stopped_because and "paused after 2 server starts" in parts.stopped_because
+    with pytest.raises(ValueError, match="pause=Pause.*not both"):
+        study("both", pause=Pause(after_starts=2), pause_after_starts=2)

@@ -182,8 +182,15 @@ class Study:
                  poll_s: float = 2.0, hardware: str | None = None,
                  fidelity_check: Callable[["Study"], object] | None = None,
                  pause_after_starts: int | None = None, pause_after_minutes: float | None = None,
-                 window_began: float | None = None):
+                 window_began: float | None = None, pause: Pause | None = None):
+        """``pause``: the run's pause as one value (``_budget.Pause``), or its three parts as
+        ``pause_after_starts``, ``pause_after_minutes`` and ``window_began``; not both."""
         import optuna
+
+        if pause is not None and (pause_after_starts, pause_after_minutes, window_began) != (None, None, None):
+            raise ValueError("Study: give the pause as pause=Pause(...) or as pause_after_starts, pause_after_minutes "
+                             "and window_began, not both")
+        pause = pause or Pause(pause_after_starts, pause_after_minutes, window_began)
 
         self.spec, self.caps, self.space = spec, caps, space
         self.command, self.home = command, home
@@ -240,8 +247,7 @@ class Study:
                               "ones (the decision says so)")
         self._dupes = 0
         self.recovered = self.recover()
-        self.budget = StartBudget(spec, space, self.study, self.t0,
-                                  Pause(pause_after_starts, pause_after_minutes, window_began))
+        self.budget = StartBudget(spec, space, self.study, self.t0, pause)
         """What this run may still spend, and its pause (``_budget``)."""
 
     @property
