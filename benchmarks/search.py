@@ -7,7 +7,7 @@ configuration). A simulated search "starts a server" by drawing one of that conf
 recorded starts at random, so the noise it sees is the machine's real start-to-start noise.
 
 Strategies, each starting with the no-speculation baseline (every autotune study does):
-- ``ours``: autotune's predictor-guided search (``autotune.search._predict.next_step``, the code a study
+- ``ours``: autotune's predictor-guided search (``autotune.search._policy.next_step``, the code a study
   runs): each method at its largest K, then the candidate with the largest expected improvement,
   until no candidate is likely to beat the best by more than the noise;
 - ``before``: autotune's search before the predictor: each method at K_max, its acceptance knee,
@@ -46,9 +46,9 @@ sys.path.insert(0, str(ROOT))
 
 from autotune.core import _measure
 from autotune.core._spec import SEARCH_TOLERANCE  # noqa: E402
-from autotune.search import _predict  # noqa: E402
-from autotune.search._predict import LevelObs, Observation, canonical, k_of, label  # noqa: E402
-from autotune.search._space import NGRAM_METHODS  # noqa: E402
+from autotune.search import _observations, _policy, _predict  # noqa: E402
+from autotune.search._observations import LevelObs, Observation, k_of  # noqa: E402
+from autotune.search._space import NGRAM_METHODS, canonical, label  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 H200 = ROOT.parent / "shared" / "data"
@@ -146,7 +146,7 @@ def load_cpu_grid(path: Path, statistic: str = "median") -> Grid | None:
     level = None
     truth_vals: dict[str, list[float]] = {}
     for r in rows:
-        o = _predict.observation_from_row(r, statistic)
+        o = _observations.observation_from_row(r, statistic)
         if o is None:
             continue
         level = next(iter(o.levels))
@@ -383,8 +383,8 @@ def run_ours(grid: Grid, rng: random.Random) -> Trace:
     cands = [c for c in grid.configs if c]
     budget = OURS["budget"] or (GPU_BUDGET if grid.name.startswith("h200") else 4 * len(grid.configs))
     while len(obs) < budget:
-        st = _predict.next_step(obs, cands, weights={grid.level: 1.0}, noise_prior=grid.noise_prior,
-                                min_gain=OURS["min_gain"], repeats=grid.repeats if OURS["repeats"] is None else OURS["repeats"])
+        st = _policy.next_step(obs, cands, weights={grid.level: 1.0}, noise_prior=grid.noise_prior,
+                               min_gain=OURS["min_gain"], repeats=grid.repeats if OURS["repeats"] is None else OURS["repeats"])
         if st.action != "measure":
             tr.stopped_at = len(tr.keys)
             break

@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 
 from autotune.search._bands import BANDS_KEY, k_at
-from autotune.search._predict import LevelObs, Observation
+from autotune.search._observations import LevelObs, Observation
 
 
 class Workload:

@@ -12,7 +12,7 @@ from test_search_study import RATES, fake_measure, make_spec
 from autotune.decide import _recommend
 from autotune.engines import _hardware
 from autotune.engines._probe import Capabilities
-from autotune.search import _study
+from autotune.search import _study, _trials
 from autotune.search._space import SearchSpace
 
 
@@ -94,7 +94,7 @@ def test_a_worker_on_another_gpu_model_is_refused(tmp_path, monkeypatch, pg_url)
     assert same.name == leader.name
     # on an H100: neither by the inputs' own name nor by --study-name
     for kw in ({}, {"study_name": leader.name}):
-        with pytest.raises(_study.HardwareMismatch) as ei:
+        with pytest.raises(_trials.HardwareMismatch) as ei:
             _open(spec, pg_url, tmp_path / "w2", "1x NVIDIA H100 80GB HBM3", leader=False, **kw)
         msg = str(ei.value)
         assert (f"study {leader.name} was measured on 1x NVIDIA H200, this host has 1x NVIDIA H100 80GB HBM3: "

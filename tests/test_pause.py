@@ -16,8 +16,9 @@ from autotune.core._store import Store
 from autotune.engines import _probe
 from autotune.engines._probe import Capabilities
 from autotune.ops import _runner
-from autotune.search import _study
-from autotune.search._space import canonical
+from autotune.search import _budget, _study
+from autotune.search._budget import Pause
+from autotune.search._space import SearchSpace, canonical
 
 CAPS = Capabilities(version="0.32.0", methods=["ngram"], fields=["method", "num_speculative_tokens",
                     "prompt_lookup_min", "prompt_lookup_max"], arctic_inference=False)
@@ -147,7 +148,7 @@ def test_an_interrupted_start_does_not_spend_the_budget(tmp_path, env, monkeypat
 def test_a_signal_stop_is_told_from_a_death_also_in_older_storages():
     from types import SimpleNamespace as T
 
-    from autotune.search._study import stopped_by_signal
+    from autotune.search._trials import stopped_by_signal
     assert stopped_by_signal(T(user_attrs={"interrupted": True, "interrupted_by": "SIGTERM"}))
     # written before the mark existed: the error says it
     assert stopped_by_signal(T(user_attrs={"interrupted": True,
@@ -190,6 +191,7 @@ def test_a_study_in_timed_windows_begins_only_starts_that_fit_and_matches_the_un
     make_spec(timed, budget=budget)
     clock, spans = _Clock(), []
     monkeypatch.setattr(_study, "time", clock)
+    monkeypatch.setattr(_budget, "time", clock)
     monkeypatch.setattr(_runner, "time", clock)
 
     def timed_measure(spec, config, *a, **k):
@@ -223,7 +225,7 @@ def test_the_expected_start_length_is_the_longest_of_its_method_or_its_own_attem
     from datetime import datetime, timedelta
     from types import SimpleNamespace as T
 
-    from autotune.search._study import expected_start_s
+    from autotune.search._budget import expected_start_s
 
     def trial(state, method, k, s=None, dt=None):
         cfg = None if method == "none" else {"method": method, "num_speculative_tokens": k}
@@ -240,3 +242,20 @@ def test_the_expected_start_length_is_the_longest_of_its_method_or_its_own_attem
     assert expected_start_s([*trials, cut], "draft_model:4", "draft_model")[0] == 330
     assert expected_start_s([*trials, cut], "draft_model:2", "draft_model")[0] == 300  # not another K's failure
     assert expected_start_s([*trials, trial("RUNNING", "ngram", 2, dt=900)], "ngram:2", "ngram")[0] == 170
+
+
+def test_a_pause_given_as_one_value_pauses_the_study_as_its_parts_do(tmp_path, monkeypatch):
+    """``Study(pause=Pause(...))`` is ``pause_after_starts`` and the rest under one name; both at
+    once is refused, naming the two ways."""
+    spec = make_spec(tmp_path, budget={"max_trials": 8, "max_server_starts": 10, "max_wall_minutes": 10})
+    monkeypatch.setattr(_study, "measure", fake_measure(Workload(rates=RATES)))
+
+    def study(d, **kw):
+        return _study.Study(spec.model_copy(update={"storage": f"sqlite:///{tmp_path / d}.db"}), CAPS,
+                            SearchSpace.build(spec.space, CAPS), f"sqlite:///{tmp_path / d}.db", ["vllm", "serve"],
+                            tmp_path / d, **kw)
+    grouped, parts = study("grouped", pause=Pause(after_starts=2)).run(), study("parts", pause_after_starts=2).run()
+    assert grouped.paused and parts.paused and grouped.server_starts == parts.server_starts == 2
+    assert grouped.stopped_because == parts.stopped_because and "paused after 2 server starts" in parts.stopped_because
+    with pytest.raises(ValueError, match="pause=Pause.*not both"):
+        study("both", pause=Pause(after_starts=2), pause_after_starts=2)

@@ -1,4 +1,5 @@
-"""The TPOT predictor and the search policy (``autotune.search._predict``) on synthetic data and the H200 rows."""
+"""The TPOT predictor (``autotune.search._predict``: observations, acceptance, step cost) and the search policy
+(``_policy``) on synthetic data and the H200 rows."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ from pathlib import Path
 import pytest
 
 from _synthetic import Workload, ngram
-from autotune.search import _predict
+from autotune.search import _cost, _observations, _policy, _predict, _space
+from autotune.search._acceptance import Acceptance
+from autotune.search._cost import CostFit
+from autotune.search._observations import LevelObs, Observation, coverage_of, observation_from_row, tokens_per_step
+from autotune.search._policy import next_step
+from autotune.search._predict import Predictor
 from autotune.search._space import knee
-from autotune.search._predict import (Acceptance, CostFit, LevelObs, Observation, Predictor, coverage_of, next_step,
-                               observation_from_row, tokens_per_step)
 
 # one server start per configuration on an H200, vLLM 0.25.0, Qwen3-8B-shaped target with dummy
 # weights and synthetic acceptance (alpha 0.8), concurrency 1 and 32: the rows as recorded
@@ -110,18 +114,18 @@ def test_policy_baseline_then_k_max_then_predicted_then_stop():
         st = next_step(obs, cands, weights={4: 1.0})
         if st.action != "measure":
             break
-        seen.append(_predict.k_of(st.config))
+        seen.append(_observations.k_of(st.config))
         if "acceptance knee" in st.reason:  # the second K of a method faster than the baseline at K_max
-            assert len(seen) == 3 and seen[2] == knee(RATES, _predict.KNEE_SHARE)
+            assert len(seen) == 3 and seen[2] == knee(RATES, _policy.KNEE_SHARE)
         elif st.config is not None and len(seen) > 2:  # likely to win, or an open neighbour of the best K
             assert st.prediction is not None
-            assert st.p_beat >= (_predict.P_NEIGHBOUR if st.reason.startswith("neighbour") else _predict.P_STOP)
+            assert st.p_beat >= (_policy.P_NEIGHBOUR if st.reason.startswith("neighbour") else _policy.P_STOP)
         obs.append(w.observe(st.config))
     assert st.action == "stop" and "no remaining candidate" in st.reason
     assert seen[:2] == [0, 8]
     truth = {k: w.tpot(ngram(k), 4) for k in range(1, 9)}
     best_measured = min((o for o in obs if o.config), key=lambda o: o.levels[4].value)
-    assert truth[_predict.k_of(best_measured.config)] <= min(truth.values()) * 1.03
+    assert truth[_observations.k_of(best_measured.config)] <= min(truth.values()) * 1.03
     # of 9 configurations: the baseline, K_max, its acceptance knee, the predicted best and its
     # neighbours (on this smooth cost line the knee, K=6, is a start the model alone would skip)
     assert len(obs) <= 6
@@ -146,9 +150,9 @@ def test_a_step_cost_jump_past_the_knee_does_not_hide_the_best_k():
             break
         steps.append(st)
         obs.append(w.observe(st.config))
-    assert [_predict.k_of(s.config) for s in steps[:3]] == [0, 10, 8] and "acceptance knee" in steps[2].reason
+    assert [_observations.k_of(s.config) for s in steps[:3]] == [0, 10, 8] and "acceptance knee" in steps[2].reason
     best = min((o for o in obs if o.config), key=lambda o: o.levels[4].value)
-    assert truth[_predict.k_of(best.config)] <= truth[8] * 1.03 and len(obs) <= 6
+    assert truth[_observations.k_of(best.config)] <= truth[8] * 1.03 and len(obs) <= 6
 
 
 def test_no_knee_for_a_method_slower_than_the_baseline_at_k_max():
@@ -173,7 +177,7 @@ def test_failed_and_skipped_configs_are_not_proposed_and_unseen_knobs_go_at_k_ma
     obs = [w.observe(None), w.observe(ngram(8))]
     first = next_step(obs, cands, weights={4: 1.0})
     assert first.action == "measure"
-    st = next_step(obs, cands, weights={4: 1.0}, failed=[_predict.canonical(first.config)])
+    st = next_step(obs, cands, weights={4: 1.0}, failed=[_space.canonical(first.config)])
     assert st.config != first.config
     window24 = [r for r in st.table if r["config"]["prompt_lookup_min"] == 2]
     assert [r["k"] for r in window24] == [8] and "borrowed" in window24[0]["basis"]
@@ -199,7 +203,7 @@ QUIET = (0.02, 50)
 """A host whose start-to-start noise is known to be 2%."""
 
 
-def _interior(noise_prior=QUIET, p_neighbour=_predict.P_NEIGHBOUR):
+def _interior(noise_prior=QUIET, p_neighbour=_policy.P_NEIGHBOUR):
     """A flat interior optimum (K=6 and K=7 within 0.1%, K=5 and K=8 within 1.5%): after the
     baseline, K_max and the predictor's first pick, nothing beats the best by the 3% margin with
     20% probability on a quiet host, so the plain rule stops one K short of the optimum (what the
@@ -222,7 +226,7 @@ def test_no_stop_while_a_neighbour_of_the_best_k_is_unmeasured_and_plausibly_fas
     *_, plain = _interior(p_neighbour=1.01)
     assert plain.action == "stop"  # without the neighbour rule: stop here
     assert st.action == "measure" and abs(st.config["num_speculative_tokens"] - _best_k(obs)) == 1
-    assert st.reason.startswith("neighbour of the best K") and st.p_beat >= _predict.P_NEIGHBOUR
+    assert st.reason.startswith("neighbour of the best K") and st.p_beat >= _policy.P_NEIGHBOUR
     for _ in range(6):  # the search walks on until no neighbour is open, and finds the optimum
         if st.action != "measure":
             break
@@ -251,7 +255,7 @@ def test_band_candidate_speculates_where_it_pays():
     st = next_step(obs, space_ngram(), weights=weights, bands_max_batch=8)
     bands = [r for r in st.table if r.get("bands")]
     assert bands, st.reason
-    sched = bands[0]["config"][_predict.BANDS]
+    sched = bands[0]["config"][_observations.BANDS]
     from autotune.search._bands import k_at
     assert k_at(sched, 1, 8) > 0 and k_at(sched, 8, 8) == 0
     assert bands[0]["predicted_tpot_ms"] < min(r["predicted_tpot_ms"] for r in st.table if not r.get("bands"))
@@ -295,7 +299,7 @@ def test_h200_rows_predicted_from_k_max_runs(conc):
                        weights={conc: 1.0})  # the spec lists ngram first
         if st.action != "measure":
             break
-        done.append(by_key[_predict.canonical(st.config)])
+        done.append(by_key[_space.canonical(st.config)])
     assert st.action == "stop" and len(done) <= 4
     assert done[1].config["method"] == "ngram" and done[1].config["num_speculative_tokens"] == 8
     assert min(done, key=lambda o: o.levels[conc].value) is done[1]
@@ -326,7 +330,7 @@ def test_a_far_extrapolation_stays_inside_what_a_step_can_cost():
     t = lambda k: 1 + sum(0.8 ** i for i in range(1, k + 1))  # noqa: E731
     s8, s10 = 5.585 * t(8), 5.868 * t(10)
     fit = CostFit(s0=s0, points=[(10, s10), (8, s8)], noise=noise, fixed_share=0.5)
-    e = _predict.Z90 * noise
+    e = _cost.Z90 * noise
     for k in range(1, 8):
         lo, mid, hi = fit.at(k)
         assert s0 * (1 - e) <= lo <= mid <= hi <= s8 * (1 + e) + 1e-9, k
@@ -372,7 +376,7 @@ def test_a_neighbour_counts_the_bests_own_noise():
     st = next_step(obs, [ngram(k) for k in range(1, 11)], weights={4: 1.0}, noise_prior=(0.065, 8), min_gain=0.03)
     assert st.action == "measure" and st.config == ngram(9) and st.reason.startswith("neighbour of the best K")
     best_v = obs[1].levels[4].value
-    assert st.prediction.p_below(best_v) < _predict.P_NEIGHBOUR <= st.p_beat  # the best as exact: closed
+    assert st.prediction.p_below(best_v) < _policy.P_NEIGHBOUR <= st.p_beat  # the best as exact: closed
     assert st.p_beat == pytest.approx(_predict._phi((best_v - st.prediction.mean) /
                                                     math.hypot(st.prediction.sd, 0.065 * best_v)), abs=0.03)
 
@@ -398,7 +402,7 @@ def _search(w, weights, **kw):
 def test_a_measured_schedule_teaches_the_bands_tax():
     w = Workload(rates=RATES, levels=TAXED_LEVELS, band_tax=0.25)
     obs, st = _search(w, W2)
-    banded = [o for o in obs if o.config and o.config.get(_predict.BANDS)]
+    banded = [o for o in obs if o.config and o.config.get(_observations.BANDS)]
     assert len(banded) == 1, [o.key for o in obs]  # the first schedule pays the tax, the next is predicted with it
     assert Predictor(obs, W2).bands_tax()[1] == pytest.approx(1.25, rel=0.03)
     best = min(w.objective(ngram(k), W2) for k in range(1, 9))
@@ -408,7 +412,7 @@ def test_a_measured_schedule_teaches_the_bands_tax():
 def test_the_bands_tax_of_earlier_nights_spends_no_start_on_schedules():
     w = Workload(rates=RATES, levels=TAXED_LEVELS, band_tax=0.25)
     obs, st = _search(w, W2, bands_tax=(1.25, 4))
-    assert not [o for o in obs if o.config and o.config.get(_predict.BANDS)]
+    assert not [o for o in obs if o.config and o.config.get(_observations.BANDS)]
     row = next(r for r in st.table if r.get("bands"))
     assert "bands tax x1.25" in row["basis"]
     assert Predictor(obs, W2).best()[1] <= min(w.objective(ngram(k), W2) for k in range(1, 9)) * 1.01
@@ -419,14 +423,14 @@ def test_a_schedule_that_pays_through_the_tax_is_still_a_candidate():
     weights = {1: 0.5, 8: 0.5}
     obs = [w.observe(None), w.observe(ngram(8)), w.observe(ngram(3))]
     st = next_step(obs, space_ngram(), weights=weights, bands_max_batch=8, bands_tax=(1.1, 4))
-    assert st.config and st.config.get(_predict.BANDS), st.reason
+    assert st.config and st.config.get(_observations.BANDS), st.reason
     assert w.objective(st.config, weights) < min(w.objective(ngram(k), weights) for k in range(1, 9))
 
 
 def test_a_measured_schedule_stays_out_of_the_plain_cost_fit():
     w = Workload(rates=RATES, levels=TAXED_LEVELS, band_tax=0.25)
     plain = [w.observe(None), w.observe(ngram(8)), w.observe(ngram(3))]
-    sched = {**ngram(8), _predict.BANDS: [[1, 5, 8], [6, 16, 3]]}
+    sched = {**ngram(8), _observations.BANDS: [[1, 5, 8], [6, 16, 3]]}
     with_band = Predictor(plain + [w.observe(sched)], W2)
     for k in (2, 5, 6):
         assert with_band.predict(ngram(k)).mean == pytest.approx(Predictor(plain, W2).predict(ngram(k)).mean, rel=1e-9)
@@ -441,11 +445,11 @@ def test_a_method_that_lost_by_far_gets_no_more_starts():
     # ngram pays a little; the drafter's first start, at its largest K, took 2-3x the baseline's TPOT
     w = Workload(rates=RATES, levels=TAXED_LEVELS)
     base, ng = w.observe(None), w.observe(ngram(8))
-    slow = {L: _predict.LevelObs(base.levels[L].value * (2.0 if L == 2 else 3.0), lv.delta, lv.requests)
+    slow = {L: _observations.LevelObs(base.levels[L].value * (2.0 if L == 2 else 3.0), lv.delta, lv.requests)
             for L, lv in w.observe(ngram(4)).levels.items()}
     d4 = Observation(_draft(4), slow, w.delta(ngram(4)), w.requests * 2)
     cands = space_ngram() + [_draft(k) for k in range(1, 5)]
-    assert set(_predict.known_losers([base, ng, d4], W2)) == {"draft_model:/m/draft"}
+    assert set(_policy.known_losers([base, ng, d4], W2)) == {"draft_model:/m/draft"}
     obs = [base, ng, d4]
     for _ in range(10):
         st = next_step(obs, cands, weights=W2)
@@ -456,8 +460,8 @@ def test_a_method_that_lost_by_far_gets_no_more_starts():
     assert st.action == "stop" and "no more starts for draft_model" in st.reason
     assert all(r.get("known_loser") for r in st.table if r["config"]["method"] == "draft_model")
     # a method faster than the baseline at one level is no loser, however slow at the other
-    half = {2: _predict.LevelObs(base.levels[2].value * 0.9), 16: _predict.LevelObs(base.levels[16].value * 3)}
-    assert not _predict.known_losers([base, Observation(_draft(4), half)], W2)
+    half = {2: _observations.LevelObs(base.levels[2].value * 0.9), 16: _observations.LevelObs(base.levels[16].value * 3)}
+    assert not _policy.known_losers([base, Observation(_draft(4), half)], W2)
 
 
 def test_an_earlier_nights_schedules_give_the_tax_a_study_pools_with_its_spec():
@@ -468,7 +472,7 @@ def test_an_earlier_nights_schedules_give_the_tax_a_study_pools_with_its_spec():
 
     w = Workload(rates=RATES, levels=TAXED_LEVELS, band_tax=0.25)
     night = [w.observe(None), w.observe(ngram(8)), w.observe(ngram(3)),
-             w.observe({**ngram(8), _predict.BANDS: [[1, 5, 8], [6, 16, 3]]})]
+             w.observe({**ngram(8), _observations.BANDS: [[1, 5, 8], [6, 16, 3]]})]
     ratio, df = _predict.measured_bands_tax(night, W2)
     assert ratio == pytest.approx(1.25, rel=0.03) and df == 2  # one schedule, two levels with K > 0
     assert _predict.measured_bands_tax(night[:3], W2) is None  # no schedule: nothing measured

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from _synthetic import Workload, ngram
-from autotune.search._predict import canonical
+from autotune.search._space import canonical
 from _bench import benchmark
 
 
@@ -34,7 +34,7 @@ def test_simulated_searches(bench):
     assert s["grid"]["mean_starts"] == 9
     assert s["ours"]["mean_starts"] <= 5 and s["ours"]["failed"] == 0
     # at most 6.5 starts on average before it stops: a neighbour of a best measured once stays open
-    # while that start's own noise leaves it plausibly faster (``_predict._open_neighbour``)
+    # while that start's own noise leaves it plausibly faster (``_policy._open_neighbour``)
     assert s["ours"]["mean_starts_at_stop"] <= 6.5 and s["ours"]["pick_within_3pct"] == 1.0
     for name in ("tpe", "random", "before"):
         assert 1 <= s[name]["mean_starts"] <= 9
@@ -72,7 +72,7 @@ def test_docs_section_is_replaced_and_others_kept(bench, tmp_path, monkeypatch):
 def test_a_noisy_pick_costs_its_grid_truth_not_what_its_draw_showed(bench):
     """The grid strategy (one start each) picks ngram K=2 whenever its fast start is drawn, but
     K=2's truth is 1/15 slower than K=1's: the pick's excess is measured against the grid's truth."""
-    from autotune.search._predict import LevelObs, Observation
+    from autotune.search._observations import LevelObs, Observation
 
     grid, _ = synthetic_grid(bench)
 
@@ -97,15 +97,15 @@ def test_the_h200_grids_search_with_their_specs_prior_and_the_prior_reaches_the_
     its candidates are speculative); the benchmark's H200 round grids do the same, so their
     simulated searches are the study's. The prior widens what the predictor believes."""
     from autotune.core._spec import load_spec
-    from autotune.search import _predict
+    from autotune.search import _policy
 
     sp = load_spec(bench.ROOT / "benchmarks" / "gpu" / "code-h200.yaml").objective.start_noise.for_class("speculative")
     assert bench.spec_noise_prior("code-h200") == (sp.cv, sp.df) and sp.cv > 0.05
     grids = [g for g in bench.load_h200_rounds() if g.name.startswith("h200-r10/code-h200")]
     assert grids and all(g.noise_prior == (sp.cv, sp.df) for g in grids)
     seen = []
-    real = _predict.next_step
-    monkeypatch.setattr(_predict, "next_step", lambda *a, **kw: seen.append(kw.get("noise_prior")) or real(*a, **kw))
+    real = _policy.next_step
+    monkeypatch.setattr(_policy, "next_step", lambda *a, **kw: seen.append(kw.get("noise_prior")) or real(*a, **kw))
     bench.run_ours(grids[0], random.Random(0))
     assert seen and set(seen) == {(sp.cv, sp.df)}
 
@@ -119,7 +119,7 @@ def test_repeated_starts_are_ranked_by_their_mean(bench):
 
 def _two_configs(bench, gap, sd, starts):
     """None, ngram K=1 and K=2 ``gap`` slower, each start ``sd`` above or below its mean."""
-    from autotune.search._predict import LevelObs, Observation
+    from autotune.search._observations import LevelObs, Observation
 
     def obs(cfg, mu):
         return [Observation(config=cfg, levels={1: LevelObs(mu * (1 + (sd if i % 2 else -sd) * (starts > 1)), None)})
@@ -149,10 +149,10 @@ def test_the_h200_grids_get_the_gpu_budget(bench, monkeypatch):
     until the predictor stops."""
     g = _two_configs(bench, gap=0.01, sd=0.10, starts=2)
     calls = []
-    from autotune.search import _predict
+    from autotune.search import _policy
 
-    real = _predict.next_step
-    monkeypatch.setattr(_predict, "next_step", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
+    real = _policy.next_step
+    monkeypatch.setattr(_policy, "next_step", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
     monkeypatch.setattr(bench, "GPU_BUDGET", 2)
     tr = bench.run_ours(g, random.Random(0))
     assert len(tr.keys) == 2 and calls and all(kw["min_gain"] == bench.SEARCH_TOLERANCE for kw in calls)
@@ -215,7 +215,7 @@ def test_the_pair_ceiling_is_what_a_search_told_the_pair_could_pick(bench):
 
 def test_no_rival_beyond_the_tolerance_means_any_pick_is_right(bench):
     """Every configuration within 3% of the best: no pair to tell apart, the ceiling is 1."""
-    from autotune.search._predict import LevelObs, Observation
+    from autotune.search._observations import LevelObs, Observation
 
     configs = [None, ngram(1), ngram(2)]
     starts = {canonical(c): [Observation(config=c, levels={1: LevelObs(2.0 * f, None)})]

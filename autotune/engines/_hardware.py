@@ -2,7 +2,7 @@
 
 TPOT measured on an H100 says nothing about an H200, so trials from different hardware never
 pool into one decision: the study is named after the hardware too, and a worker on other
-hardware that tries to join a study is refused (``_study.HardwareMismatch``).
+hardware that tries to join a study is refused (``_trials.HardwareMismatch``).
 
 Detected, first answer wins: ``AUTOTUNE__HARDWARE`` (any string; for accelerators this cannot
 detect, or containers without ``nvidia-smi``); the NVIDIA GPUs ``nvidia-smi`` lists, restricted to

@@ -18,7 +18,7 @@ import math
 from pathlib import Path
 
 from autotune.core._files import SHARED, write_text
-from autotune.search import _bands, _predict
+from autotune.search import _bands, _observations
 from autotune.search._space import canonical, label
 from autotune.search._trial import noise_text
 
@@ -94,7 +94,7 @@ def plot_tpot_vs_k(plt, trials, predictor: dict | None, path: Path) -> Path | No
                 v = t.value if L is None else _levels_of(t).get(L)
                 if v is None:
                     continue
-                xs.append(_predict.k_of(t.user_attrs.get("config")))
+                xs.append(_observations.k_of(t.user_attrs.get("config")))
                 ys.append(v)
             if g == "none":
                 for y in ys:
@@ -138,8 +138,8 @@ def plot_acceptance(plt, trials, path: Path) -> Path | None:
         g = _group_label(cfg)
         if rates and len(rates) > len(best.get(g, (0, []))[1]):
             m = t.user_attrs["measurement"]
-            n = _predict._profile_requests(m) or (m.get("summary") or {}).get("n")
-            best[g] = (t.number, rates, _predict.coverage_of(d, n))
+            n = _observations._profile_requests(m) or (m.get("summary") or {}).get("n")
+            best[g] = (t.number, rates, _observations.coverage_of(d, n))
     if not best:
         return None
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))

@@ -2,7 +2,7 @@
 
 ``CandidateSampler`` proposes configurations of the space (``_search.enumerate_candidates``):
 
-- ``predictor`` (default): ``_predict.next_step`` picks each next server start from what the
+- ``predictor`` (default): ``_policy.next_step`` picks each next server start from what the
   measured trials predict for the configurations never started, and decides when to stop: no
   candidate is likely to beat the best by more than ``objective.search_tolerance`` (3%; the
   measured noise widens what "likely" means, it is not the margin). With ``search_repeats`` a
@@ -32,7 +32,7 @@ import optuna
 from optuna.samplers import BaseSampler
 from optuna.trial import TrialState
 
-from autotune.search import _bands, _predict
+from autotune.search import _bands, _observations, _policy
 from autotune.search._search import enumerate_candidates, failed_keys, study_weights
 from autotune.search._space import NONE, SearchSpace, canonical, label, params_of
 
@@ -161,15 +161,15 @@ class CandidateSampler(BaseSampler):
                     self._tried.add(key)
                     return Proposal("measure", params=params, reason=f"{self.mode}: next candidate")
             return self._stop(f"{self.mode}: every candidate was measured")
-        obs = [o for o in (_predict.observation_from_trial(t, self.level) for t in study.get_trials(
+        obs = [o for o in (_observations.observation_from_trial(t, self.level) for t in study.get_trials(
             deepcopy=False, states=(TrialState.COMPLETE,))) if o is not None]
         obj = self.spec.objective
-        step = _predict.next_step(obs, [c for _, c in self.cands], weights=self.weights,
-                                  failed=failed_keys(study), min_gain=obj.search_min_gain(),
-                                  bands_max_batch=self.bands_max_batch,
-                                  skip=self._busy_keys(study, measured=not obj.search_repeats),
-                                  noise_prior=self.noise_prior, repeats=obj.search_repeats,
-                                  bands_tax=self.bands_tax)
+        step = _policy.next_step(obs, [c for _, c in self.cands], weights=self.weights,
+                                 failed=failed_keys(study), min_gain=obj.search_min_gain(),
+                                 bands_max_batch=self.bands_max_batch,
+                                 skip=self._busy_keys(study, measured=not obj.search_repeats),
+                                 noise_prior=self.noise_prior, repeats=obj.search_repeats,
+                                 bands_tax=self.bands_tax)
         _save(study, step)
         if step.action == "fallback" or (step.action == "measure" and step.config is None):
             self.notes.append(f"predictor: {step.reason}; Optuna's TPE searches instead")

@@ -9,15 +9,20 @@ Order of work, spending server starts on purpose:
 1. the no-speculation baseline (the reference every ratio is taken against);
 2. each method at its largest K (its per-position acceptance covers every smaller K);
 3. ``objective.search``, one ``study.optimize`` whose sampler proposes each next configuration
-   (``_sampler.CandidateSampler``): by default the predictor (``_predict``) proposes what it rates
+   (``_sampler.CandidateSampler``): by default the predictor (``_policy``) proposes what it rates
    likely to beat the best by more than the noise, band schedules included, and stops the
    optimization (``study.stop()``) when nothing is; ``grid``/``random`` propose every candidate;
    ``tpe`` (or a predictor without data) goes on with the acceptance knee (``SearchSpace.knee_k``)
-   and Optuna's TPE sampler, guards as constraints, until the budget or the space runs out;
+   and Optuna's TPE sampler, guards as constraints, until the budget (``_budget``) or the space
+   runs out;
 4. ``confirm_starts`` fresh starts each of baseline, incumbent and winner, interleaved, on
    fresh requests (more rounds up to ``confirm_max_starts`` while the decision is open): the
    decision rests on these starts only, so the winner's selection start (the winner's curse)
-   is not in it (``_recommend``, docs/decisions.md).
+   is not in it (``_confirm``, ``_recommend``, docs/decisions.md).
+
+``Study`` drives this order and each trial's objective (claim, start, measure, guards); it
+composes the Optuna glue (``_trials``: storage, trial queries, user attributes), the budget and
+pause of the run (``_budget``) and the confirmation plan (``_confirm``).
 """
 
 from __future__ import annotations
@@ -36,11 +41,12 @@ from typing import Callable
 from autotune.core._measure import pooled_start_noise
 from autotune.core._signals import signame_of
 from autotune.core._spec import StudySpec
-from autotune.core._store import open_optuna_storage
 from autotune.engines._hardware import identity
 from autotune.engines._probe import Capabilities
-from autotune.engines._recovery import StaleTrialCallback, process_identity, recover_trials, trial_id
+from autotune.engines._recovery import process_identity, recover_trials, trial_id
 from autotune.search import _bands
+from autotune.search._budget import Pause, StartBudget, confirm_reserve
+from autotune.search._confirm import Confirmation
 from autotune.search._levels import measurement_objective
 from autotune.search._sampler import MODES as SAMPLER_MODES
 from autotune.search._sampler import CandidateSampler
@@ -48,14 +54,12 @@ from autotune.search._search import study_weights, with_profile
 from autotune.search._space import NONE, SearchSpace, canonical, in_space, params_of
 from autotune.search._trial import (Measurement, TrialFailed, batch_invariant, equivalence_requests, measure,
                                     stall_verdict)
+from autotune.search._trials import (ROLE_BASELINE, ROLE_CONFIRM, ROLE_SEARCH, check_hardware, fail_own_running,
+                                     failed_here, in_state, interrupted_attrs, may_take_over, open_storage,
+                                     open_study, stored_trials, trial_row)
 from autotune.traffic import _replayset
 
 log = logging.getLogger(__name__)
-
-ROLE_BASELINE, ROLE_SEARCH, ROLE_CONFIRM = "baseline", "search", "confirm"
-# Optuna heartbeats: a trial whose process stopped beating for the grace period is failed and
-# retried by whichever worker looks next (same-host deaths are caught at once, by pid).
-HEARTBEAT_INTERVAL_S, HEARTBEAT_GRACE_S = 60, 180
 
 
 @dataclass
@@ -109,37 +113,6 @@ def fingerprint(spec: StudySpec, replay_digest: str, caps: Capabilities, hardwar
                        **({"hardware": hardware} if hardware else {})},
                       sort_keys=True, default=str)
     return hashlib.sha1(blob.encode()).hexdigest()[:8]
-
-
-class HardwareMismatch(ValueError):
-    """A process on other hardware tried to add trials to a study: they would not be comparable."""
-
-
-def check_hardware(storage, study_name: str | None, default_name: str, inputs: str, hardware: str,
-                   leader: bool) -> None:
-    """Refuse to pool trials from other hardware into one study (raises HardwareMismatch).
-
-    ``study_name`` given: that study, when it exists, must have been measured on ``hardware``. A
-    worker (``leader`` False) without a name looks for a study of the same inputs (``inputs``: the
-    fingerprint without hardware) on other hardware: that is the study it was meant to join."""
-    import optuna
-
-    summaries = optuna.get_all_study_summaries(storage, include_best_trial=False)
-    if study_name:
-        other = [s for s in summaries if s.study_name == study_name
-                 and s.user_attrs.get("hardware") not in (None, hardware)]
-    elif not leader and not any(s.study_name == default_name for s in summaries):
-        other = [s for s in summaries if s.user_attrs.get("inputs") == inputs
-                 and s.user_attrs.get("hardware") not in (None, hardware)]
-    else:
-        other = []
-    if other:
-        s = other[0]
-        raise HardwareMismatch(
-            f"study {s.study_name} was measured on {s.user_attrs['hardware']}, this host has {hardware}: trials from "
-            f"other hardware are not pooled into one decision (TPOT on one accelerator says nothing about another); "
-            f"run this host's own study (`autotune study start` without --study-name), or set AUTOTUNE__HARDWARE "
-            f"if the detection is wrong")
 
 
 def split_requests(spec: StudySpec, rs: _replayset.ReplaySet):
@@ -209,8 +182,15 @@ class Study:
                  poll_s: float = 2.0, hardware: str | None = None,
                  fidelity_check: Callable[["Study"], object] | None = None,
                  pause_after_starts: int | None = None, pause_after_minutes: float | None = None,
-                 window_began: float | None = None):
+                 window_began: float | None = None, pause: Pause | None = None):
+        """``pause``: the run's pause as one value (``_budget.Pause``), or its three parts as
+        ``pause_after_starts``, ``pause_after_minutes`` and ``window_began``; not both."""
         import optuna
+
+        if pause is not None and (pause_after_starts, pause_after_minutes, window_began) != (None, None, None):
+            raise ValueError("Study: give the pause as pause=Pause(...) or as pause_after_starts, pause_after_minutes "
+                             "and window_began, not both")
+        pause = pause or Pause(pause_after_starts, pause_after_minutes, window_began)
 
         self.spec, self.caps, self.space = spec, caps, space
         self.command, self.home = command, home
@@ -247,94 +227,96 @@ class Study:
             sampler = tpe if spec.objective.search not in SAMPLER_MODES else CandidateSampler(
                 spec, space, mode=spec.objective.search, bands_max_batch=self._bands_max_batch(spec, caps),
                 fallback=tpe, notes=self.notes)
-            self.storage = open_optuna_storage(
-                storage, heartbeat_interval=HEARTBEAT_INTERVAL_S, grace_period=HEARTBEAT_GRACE_S,
-                heartbeat_stale_trial_callback=StaleTrialCallback(on_failed=self._record_trial))
+        self.storage = open_storage(storage, on_failed=self._record_trial)
         check_hardware(self.storage, study_name, self.name, self.inputs, self.hardware, leader)
         self.sampler = sampler
-        self.study = optuna.create_study(study_name=self.name, storage=self.storage, direction="minimize",
-                                         sampler=sampler, load_if_exists=True)
-        if self.study.user_attrs.get("hardware") is None:
-            self.study.set_user_attr("hardware", self.hardware)
-            self.study.set_user_attr("inputs", self.inputs)
-        if self.study.user_attrs.get("workload") != spec.workload:
-            self.study.set_user_attr("workload", spec.workload)
-            self.study.set_user_attr("replay_digest", self.replay_set.digest)
-            self.study.set_user_attr("vllm_version", caps.version)
+        self.study = open_study(self.storage, self.name, sampler, hardware=self.hardware, inputs=self.inputs,
+                                workload=spec.workload, replay_digest=self.replay_set.digest,
+                                vllm_version=caps.version)
         if store is not None:
             store.record_study(self.name, spec.workload, self.fingerprint, spec.model, caps.version,
                                str(self.replay_set.path), self.replay_set.digest)
         self.t0 = time.monotonic()
         self.current_server = None
         self.stopped_because = ""
-        # set by the caller that decides (``_recommend.open_question``): one more confirmation round?
-        self.confirm_open: Callable[[], bool] | None = None
-        self.confirmation: dict = {}
+        self.confirming = Confirmation()
+        """The confirmation plan (``_confirm``); ``confirm_open`` and ``confirmation`` read through to it."""
         if self.confirm_reqs is self.search_reqs and spec.objective.confirm_starts:
             self.notes.append(f"confirmation reuses the search requests: {len(self.replay_set.requests)} requests "
                               f"in the replay set, fewer than warm-up + 2 x {len(self.search_reqs)} needed for fresh "
                               "ones (the decision says so)")
         self._dupes = 0
         self.recovered = self.recover()
-        self.pause_after_starts = pause_after_starts
-        """At most this many server starts in this run, then stop without confirming or deciding:
-        a GPU window shorter than the study (the next run resumes the same study). A start is
-        begun only when the run may still make it, so none is cut short and lost to the budget."""
-        self.pause_after_minutes = pause_after_minutes
-        """This run ends within this many minutes: a start is begun only when it is expected to
-        end in time (``expected_start_s``), else the run pauses before it; a window with a hard
-        end (the scheduler's, a GPU lease) then loses no start to the clock."""
-        self._window_ends = None if pause_after_minutes is None else \
-            (self.t0 if window_began is None else window_began) + pause_after_minutes * 60
-        """``time.monotonic`` at the window's end, counted from ``window_began``: the runner's command,
-        before the GPU lock and probe."""
-        self._starts_at_open = self.server_starts()
-        self.paused = False
-        self._paused_for = ""
+        self.budget = StartBudget(spec, space, self.study, self.t0, pause)
+        """What this run may still spend, and its pause (``_budget``)."""
+
+    @property
+    def paused(self) -> bool:
+        """A start was refused for this run's pause (``_budget.Pause``): nothing confirmed or decided."""
+        return self.budget.paused
+
+    @paused.setter
+    def paused(self, value: bool) -> None:
+        self.budget.paused = value
+
+    @property
+    def spec(self) -> StudySpec:
+        return self._spec
+
+    @spec.setter
+    def spec(self, value: StudySpec) -> None:
+        self._spec = value  # the budget judges by the study's spec, also one set after the study opened
+        if "budget" in self.__dict__:
+            self.budget.spec = value
+
+    @property
+    def confirm_open(self) -> Callable[[], bool] | None:
+        """Set by the caller that decides (``_recommend.open_question``): one more confirmation round?"""
+        return self.confirming.open
+
+    @confirm_open.setter
+    def confirm_open(self, value: Callable[[], bool] | None) -> None:
+        self.confirming.open = value
+
+    @property
+    def confirmation(self) -> dict:
+        """What the confirmation ran, and why a round did not (``Confirmation.record``)."""
+        return self.confirming.record
+
+    @confirmation.setter
+    def confirmation(self, value: dict) -> None:
+        self.confirming.record = value
+
+    @property
+    def pause_after_starts(self) -> int | None:
+        return self.budget.pause.after_starts
+
+    @property
+    def pause_after_minutes(self) -> float | None:
+        return self.budget.pause.after_minutes
 
     # ---- bookkeeping over stored trials -------------------------------------------------
     def trials(self, role: str | None = None, config_key: str | None = None, complete=True):
-        import optuna
-
-        out = []
-        for t in self.study.get_trials(deepcopy=False):
-            if complete and t.state != optuna.trial.TrialState.COMPLETE:
-                continue
-            if role and t.user_attrs.get("role") != role:
-                continue
-            if config_key and t.user_attrs.get("config_key") != config_key:
-                continue
-            out.append(t)
-        return out
+        """The study's trials of ``role`` and ``config_key`` (``_trials.stored_trials``)."""
+        return stored_trials(self.study, role, config_key, complete)
 
     def _in_state(self, states, claim_key: str | None = None) -> list:
-        return [t for t in self.study.get_trials(deepcopy=False, states=states)
-                if claim_key is None or _claim_key_of(t) == claim_key]
+        return in_state(self.study, states, claim_key)
 
     def server_starts(self) -> int:
-        """Every server start the study made, interrupted ones included: what it cost."""
-        return sum(int(t.user_attrs.get("server_starts", 0)) for t in self.study.get_trials(deepcopy=False)
-                   if t.state.name != "WAITING")
+        """Every server start the study made, interrupted ones included (``StartBudget.server_starts``)."""
+        return self.budget.server_starts()
 
     def interrupted_starts(self) -> int:
-        """Starts stopped by SIGINT or SIGTERM (``interrupted_by``): someone chose to stop them, so
-        they measured nothing through no fault of their configuration."""
-        return sum(int(t.user_attrs.get("server_starts", 0)) for t in self.study.get_trials(deepcopy=False)
-                   if stopped_by_signal(t))
+        """Starts stopped by SIGINT or SIGTERM (``StartBudget.interrupted_starts``)."""
+        return self.budget.interrupted_starts()
 
     def budget_starts(self) -> int:
-        """The starts ``budget.max_server_starts`` counts: all but ``interrupted_starts``, so the
-        rerun that resumes a stopped study redoes the stopped start without losing a measured one
-        (``max_wall_minutes`` bounds what each run spends). A start whose autotune process died
-        still counts: the cause is unknown (the host's OOM killer may answer the configuration), and
-        counting it bounds a crash loop."""
-        return self.server_starts() - self.interrupted_starts()
+        """The starts ``budget.max_server_starts`` counts (``StartBudget.budget_starts``)."""
+        return self.budget.budget_starts()
 
     def search_trials(self) -> int:
-        return sum(1 for t in self.study.get_trials(deepcopy=False)
-                   if t.user_attrs.get("role") in (ROLE_BASELINE, ROLE_SEARCH)
-                   and t.user_attrs.get("server_starts", 0) and t.state.name != "WAITING"
-                   and not stopped_by_signal(t))
+        return self.budget.search_trials()
 
     def start_to_start_noise(self, m: Measurement) -> dict:
         """Start-to-start noise as known when ``m`` is recorded: the sd of log per-start objective
@@ -418,12 +400,7 @@ class Study:
     def _may_take_over(self, holder: int, role: str) -> bool:
         """A claim passes on when its trial gave up: pruned, interrupted, or failed. A search trial
         does not retry a configuration vLLM already refused (that would only spend a start)."""
-        t = self.storage.get_trial(trial_id(self.study, self.storage, holder))
-        if t.state.name == "PRUNED":
-            return True
-        if t.state.name == "FAIL":
-            return role != ROLE_SEARCH or bool(t.user_attrs.get("interrupted")) or "error" not in t.user_attrs
-        return False
+        return may_take_over(self.storage.get_trial(trial_id(self.study, self.storage, holder)), role)
 
     def _claim(self, trial, claim_key: str, role: str) -> None:
         import optuna
@@ -464,11 +441,11 @@ class Study:
             raise optuna.TrialPruned(f"already measured: {key}")
         if role == ROLE_SEARCH and key == NONE and self.trials(config_key=NONE):
             raise optuna.TrialPruned("baseline already measured")
-        if not self._fits(key, (config or {}).get("method", NONE)):
+        if not self.budget.fits(key, (config or {}).get("method", NONE)):
             self.paused = True
-            trial.set_user_attr("paused", self._paused_for)
+            trial.set_user_attr("paused", self.budget.paused_for)
             trial.study.stop()
-            raise optuna.TrialPruned(self._paused_for)
+            raise optuna.TrialPruned(self.budget.paused_for)
         self._claim(trial, claim_key, role)
         reqs = self.confirm_reqs if role == ROLE_CONFIRM else self.search_reqs
         log_path = self.home / "logs" / self.name / f"trial-{trial.number:04d}.log"
@@ -533,25 +510,8 @@ class Study:
         """The trial's headline numbers into autotune_trials (SRE reports, exporter)."""
         if self.store is None or frozen.state.name in ("WAITING", "RUNNING", "PRUNED"):
             return  # pruned trials started nothing (duplicates, already measured)
-        m = frozen.user_attrs.get("measurement") or {}
-        d = m.get("spec_delta") or {}
-        cfg = frozen.user_attrs.get("config") or {}
-        owner = frozen.user_attrs.get("owner") or {}
         try:
-            self.store.upsert_trial({
-                "study_name": self.name, "trial_number": frozen.number,
-                "run_id": frozen.user_attrs.get("run_id") or self.run_id, "workload": self.spec.workload,
-                "role": frozen.user_attrs.get("role"), "config_key": frozen.user_attrs.get("config_key"),
-                "method": cfg.get("method") if cfg else ("none" if "config" in frozen.user_attrs else None),
-                "k": cfg.get("num_speculative_tokens") if cfg else None, "state": frozen.state.name,
-                "tpot_ms": frozen.value if frozen.state.name == "COMPLETE" and frozen.value != float("inf") else None,
-                "acceptance_length": d.get("acceptance_length"), "acceptance_rate": d.get("acceptance_rate"),
-                "output_tok_s": (m.get("summary") or {}).get("output_throughput_tok_s"),
-                "failed_requests": (m.get("summary") or {}).get("failed"),
-                "server_starts": int(frozen.user_attrs.get("server_starts", 0)),
-                "start_seconds": m.get("start_seconds"),
-                "error": frozen.user_attrs.get("error") or (str(frozen.system_attrs.get("fail_reason", ""))[:500] or None),
-                "host": owner.get("host"), "log_path": frozen.user_attrs.get("log_path")})
+            self.store.upsert_trial(trial_row(frozen, self.name, self.run_id, self.spec.workload))
         except Exception as e:  # the report table must never fail a study
             log.warning("cannot record trial %s in autotune_trials: %s", frozen.number, e)
 
@@ -564,64 +524,9 @@ class Study:
             self.notes.append(f"bands: vLLM {caps.version} has no num_speculative_tokens_per_batch_size")
         return None
 
-    def _pause_due(self) -> bool:
-        """This run has made its ``pause_after_starts`` (or a start did not fit its
-        ``pause_after_minutes``); ``paused`` is set only where a start is then refused, so the run
-        that makes the study's last start still decides."""
-        return bool(self._paused_for) or self.pause_after_starts is not None and \
-            self.server_starts() - self._starts_at_open >= self.pause_after_starts
-
-    def _fits(self, config_key: str, method: str) -> bool:
-        """With ``pause_after_minutes``: is the start of ``config_key`` expected to end before the
-        run's time is up? If not, the run pauses before it (``_paused_for`` says why)."""
-        if self._window_ends is None:
-            return True
-        expected = expected_start_s(self.study.get_trials(deepcopy=False), config_key, method)
-        left = self._window_ends - time.monotonic()
-        if expected is None or expected[0] <= left:
-            return True
-        self._paused_for = (f"paused before {config_key}: its start is expected to take {expected[0]:.0f} s "
-                            f"({expected[1]}), {max(left, 0):.0f} s of this run's {self.pause_after_minutes:g} min "
-                            "are left; the next run resumes the study")
-        return False
-
-    def _blocked(self, reserve: int) -> str | None:
-        """``_budget_left`` at a point where a start would follow, or the pause that refuses it."""
-        reason = self._budget_left(reserve)
-        if not reason and self._pause_due():
-            self.paused = True
-            return self._pause_reason()
-        return reason
-
-    def _pause_reason(self) -> str:
-        if self._paused_for:
-            return self._paused_for
-        return (f"paused after {self.server_starts() - self._starts_at_open} server starts in this run "
-                f"(pause_after_starts {self.pause_after_starts}); the next run resumes the study")
-
-    def _budget_left(self, reserve: int = 0) -> str | None:
-        b = self.spec.budget
-        if self.budget_starts() + reserve >= b.max_server_starts:
-            n = self.interrupted_starts()
-            return f"server-start budget ({b.max_server_starts}) reached" + (
-                f" ({n} start{'s' * (n > 1)} stopped by a signal not counted)" if n else "")
-        if self.search_trials() >= b.max_trials:
-            return f"trial budget ({b.max_trials}) reached"
-        if (time.monotonic() - self.t0) / 60 >= b.max_wall_minutes:
-            return f"wall-time budget ({b.max_wall_minutes} min) reached"
-        if len({t.user_attrs.get("config_key") for t in self.trials()}) >= self.space.size():
-            return "every configuration in the space was measured"
-        return None
-
     def confirm_reserve(self) -> int:
-        """Server starts the search leaves for the confirmation: ``confirm_max_starts`` rounds of
-        baseline, incumbent (when deployed) and winner, since the decision's power lies in those
-        rounds, not in one more search start; but never so many that the search cannot start the
-        baseline, the incumbent and one candidate (then ``confirm_starts`` rounds at least)."""
-        o = self.spec.objective
-        sides = 3 if self.spec.incumbent else 2
-        room = self.spec.budget.max_server_starts - (sides - 1) - 1
-        return sides * max(o.confirm_starts, min(o.max_confirm_starts(), room // sides))
+        """Server starts the search leaves for the confirmation (``_budget.confirm_reserve``)."""
+        return confirm_reserve(self.spec)
 
     def _callback(self, study, frozen) -> None:
         import optuna
@@ -637,12 +542,12 @@ class Study:
             best=self.mean_objective(best) if best else None, server_starts=self.server_starts(),
             elapsed_s=time.monotonic() - self.t0,
             note=frozen.user_attrs.get("error", "") or ("duplicate" if frozen.user_attrs.get("duplicate") else "")))
-        reason = self._budget_left(reserve=self.confirm_reserve()
+        reason = self.budget.left(reserve=self.confirm_reserve()
                                    if frozen.user_attrs.get("role") != ROLE_CONFIRM else 0)
         self._dupes = self._dupes + 1 if frozen.user_attrs.get("duplicate") else 0
         if self._dupes >= 25:
             reason = "the sampler keeps proposing measured configurations"
-        if frozen.user_attrs.get("role") != ROLE_CONFIRM and (reason or self._pause_due()):
+        if frozen.user_attrs.get("role") != ROLE_CONFIRM and (reason or self.budget.pause_due()):
             if reason:
                 self.stopped_because = reason
             else:
@@ -685,7 +590,7 @@ class Study:
 
         self._dupes = 0
         reserve = self.confirm_reserve()
-        while not self.trials(config_key=NONE) and not self._blocked(reserve):
+        while not self.trials(config_key=NONE) and not self.budget.blocked(reserve):
             if self._in_state((TrialState.RUNNING,), NONE):
                 self._wait_while_running(NONE)          # another worker runs the baseline
             elif not self._in_state((TrialState.WAITING,), NONE) and self._baseline_failed_here():
@@ -699,7 +604,7 @@ class Study:
                               f"(see {self.home / 'logs' / self.name})")
         for cfg in ([self.spec.incumbent] if self.spec.incumbent else []) + self.warm_start:
             params = self._enqueueable(cfg)
-            if params and not self.trials(config_key=canonical(cfg)) and not self._blocked(reserve):
+            if params and not self.trials(config_key=canonical(cfg)) and not self.budget.blocked(reserve):
                 self._run_enqueued(params, ROLE_SEARCH)
         self.fidelity = None
         if self.leader and self.spec.production.telemetry and self.fidelity_check is not None:
@@ -708,7 +613,7 @@ class Study:
             params = self.space.params_for(method)
             if self.trials(config_key=canonical(self.space.config_from_params(params))):
                 continue
-            if self._blocked(reserve):
+            if self.budget.blocked(reserve):
                 break
             self._run_enqueued(params, ROLE_SEARCH)
         # objective.search: the sampler (predictor, grid, random: _sampler.CandidateSampler; tpe) drives
@@ -720,13 +625,13 @@ class Study:
             knee = self.space.knee_k(method, rates or [])
             params = self.space.params_for(method, knee) if knee else None
             if params and not self.trials(config_key=canonical(self.space.config_from_params(params))) \
-                    and not self._blocked(reserve):
+                    and not self.budget.blocked(reserve):
                 self._run_enqueued(params, ROLE_SEARCH)
-        if not self.paused and not self._blocked(reserve):
+        if not self.paused and not self.budget.blocked(reserve):
             self.study.optimize(self.objective, catch=(TrialFailed,), callbacks=[self._callback],
                                 gc_after_trial=False)
         if not self.paused:
-            self.stopped_because = self.stopped_because or self._budget_left(reserve) or "search finished"
+            self.stopped_because = self.stopped_because or self.budget.left(reserve) or "search finished"
             if self.stopped_because and self.leader:
                 self.study.set_user_attr("stopped_because", self.stopped_because)
             if self.leader:
@@ -739,17 +644,12 @@ class Study:
                             trials=self.study.get_trials(deepcopy=False), server_starts=self.server_starts(),
                             interrupted_starts=self.interrupted_starts(),
                             wall_s=time.monotonic() - self.t0,
-                            stopped_because=self._pause_reason() if self.paused else self.stopped_because,
+                            stopped_because=self.budget.pause_reason() if self.paused else self.stopped_because,
                             paused=self.paused)
 
     def _baseline_failed_here(self) -> bool:
         """The baseline failed in this process already: do not start it again and again."""
-        import os
-
-        return any(t.user_attrs.get("config_key") == NONE and t.state.name == "FAIL"
-                   and (t.user_attrs.get("owner") or {}).get("pid") == os.getpid()
-                   and not t.user_attrs.get("interrupted")
-                   for t in self.study.get_trials(deepcopy=False))
+        return failed_here(self.study.get_trials(deepcopy=False), NONE)
 
     def _enqueueable(self, config: dict | None) -> dict | None:
         """Optuna params for a known config (incumbent, yesterday's winner), or None when the
@@ -768,134 +668,12 @@ class Study:
 
     def confirm(self) -> None:
         """Fresh starts of baseline, incumbent and winner on the confirmation requests, interleaved
-        round by round (slow drift of the host hits each side alike), ``confirm_starts`` each;
-        then, while ``confirm_open()`` says the decision is still open, more rounds up to
-        ``confirm_max_starts``. The decision uses these starts only (the winner's selection start
-        is not among them). What ran, and why a round did not, is kept in ``self.confirmation``
-        for the decision to state."""
-        best = self.best(search_only=True)
-        obj = self.spec.objective
-        n, most = obj.confirm_starts, obj.max_confirm_starts()
-        self.confirmation = {"planned": n, "max": most, "rounds": 0, "skipped": None,
-                             "fresh_requests": self.confirm_reqs is not self.search_reqs}
-        if best is None:
-            self.confirmation["skipped"] = "no candidate to confirm"
-            return
-        if n == 0:
-            self.confirmation["skipped"] = "objective.confirm_starts is 0"
-            return
-        wkey = best.user_attrs["config_key"]
-        sides = [({"method": NONE}, NONE, None)]
-        inc = self.spec.incumbent
-        if inc and canonical(inc) != wkey:
-            params = self._enqueueable(inc)
-            if params is None:
-                self.notes.append(f"the incumbent {canonical(inc)} cannot be confirmed: outside tonight's space")
-            else:
-                sides.append((params, canonical(inc), None))
-        bands = best.user_attrs.get("bands")
-        sides.append((dict(best.params), wkey, {"bands": bands} if bands else None))
-        # the looks the budget allows, fixed before the first confirmation start (and kept for a
-        # resumed run): the decision spends its error over exactly these (_recommend.planned_looks)
-        looks = self.study.user_attrs.get("confirm_looks")
-        if looks is None:
-            done = len(self.trials(role=ROLE_CONFIRM))
-            looks = obj.planned_looks(self.spec.budget.max_server_starts - self.budget_starts() + done, len(sides))
-            if self.leader:
-                self.study.set_user_attr("confirm_looks", looks)
-        self.confirmation["looks"] = looks
-        most = max(n, min(most, looks))  # confirm_starts rounds are tried whatever the budget (and say so)
-        for i in range(most):
-            done = all(len(self.trials(role=ROLE_CONFIRM, config_key=key)) > i for _, key, _ in sides)
-            if not done and i >= n and not (self.confirm_open is not None and self.confirm_open()):
-                break  # the decision is settled (or nobody asks): no further round
-            for params, key, attrs in sides:
-                have = self.trials(role=ROLE_CONFIRM, config_key=key)
-                slot = f"confirm/{i}/{key}"
-                if len(have) > i or any(_claim_key_of(t) == slot for t in have):
-                    continue
-                if self._pause_due():
-                    self.paused = True
-                    return
-                if self.budget_starts() >= self.spec.budget.max_server_starts:
-                    if i < n:
-                        self.confirmation["skipped"] = (f"the server-start budget ({self.spec.budget.max_server_starts})"
-                                                        f" was spent after {i} of {n} confirmation rounds")
-                    else:
-                        self.confirmation["stopped"] = f"server-start budget spent after {i} rounds"
-                    return
-                self._run_enqueued(params, ROLE_CONFIRM, claim_key=slot, attrs=attrs)
-            self.confirmation["rounds"] = i + 1
+        round by round, ``confirm_starts`` each, then more while ``confirm_open()`` says the decision
+        is still open, up to ``confirm_max_starts`` (``_confirm.Confirmation``). The decision uses
+        these starts only. What ran, and why a round did not, is kept in ``self.confirmation``."""
+        self.confirming.run(self)
 
     def fail_own_running(self, signame: str) -> None:
         """After the signal ``signame``: any trial of this process still RUNNING is failed, marked
         as stopped by it (``interrupted_attrs``)."""
-        import os
-
-        from optuna.trial import TrialState
-
-        for t in self._in_state((TrialState.RUNNING,)):
-            if (t.user_attrs.get("owner") or {}).get("pid") == os.getpid():
-                try:
-                    tid = trial_id(self.study, self.storage, t.number)
-                    for k, v in interrupted_attrs(signame).items():
-                        self.storage.set_trial_user_attr(tid, k, v)
-                    self.storage.set_trial_state_values(tid, state=TrialState.FAIL)
-                    self._record_trial(self.storage.get_trial(tid))
-                except Exception:
-                    pass
-
-
-def interrupted_attrs(signame: str) -> dict:
-    """What a trial stopped by the signal ``signame`` carries: the reason, and the mark that
-    ``stopped_by_signal`` reads (such a start does not count against the budget)."""
-    return {"error": f"interrupted by {signame}: vllm serve stopped, trial not measured", "interrupted": True,
-            "interrupted_by": signame}
-
-
-def stopped_by_signal(t) -> bool:
-    """The trial's start was stopped by SIGINT or SIGTERM (``interrupted_by``; storages written before
-    that mark say it in the error: ``interrupted by SIGINT: ...``), not by its process dying."""
-    return bool(t.user_attrs.get("interrupted_by")) or \
-        str(t.user_attrs.get("error") or "").startswith("interrupted by SIG")
-
-
-def _claim_key_of(t) -> str | None:
-    return t.user_attrs.get("claim_key") or t.user_attrs.get("config_key")
-
-
-UNSEEN_METHOD_FACTOR = 1.5
-"""``expected_start_s`` of a method not started yet: this many times the study's longest start."""
-
-
-def start_seconds_of(t) -> float | None:
-    """How long the trial's server start took, from start to stop: ``start_s``, or for trials
-    written before it (and those a signal handler failed), Optuna's start and end times."""
-    if t.user_attrs.get("start_s") is not None:
-        return float(t.user_attrs["start_s"])
-    if t.datetime_start and t.datetime_complete:
-        return (t.datetime_complete - t.datetime_start).total_seconds()
-    return None
-
-
-def expected_start_s(trials, config_key: str, method: str) -> tuple[float, str] | None:
-    """The seconds a start of ``config_key`` is expected to take, and the basis: the longest
-    earlier start of the same method in this study, or of this configuration itself (an
-    interrupted attempt's length is a lower bound of its own); with neither, half as much again as
-    the longest start of any method (a method's first start loads what the others did not: on the
-    H200 a draft model's start took 1.4-1.9 times an ngram start). The longest, not a mean: the
-    window it protects has a hard end. None before any start has ended."""
-    def method_of(t) -> str:
-        return (t.user_attrs.get("config") or {}).get("method") or NONE
-
-    ended = [(t, s) for t in trials if t.state.name in ("COMPLETE", "FAIL") and t.user_attrs.get("server_starts")
-             and (s := start_seconds_of(t)) is not None]
-    own = [s for t, s in ended if t.user_attrs.get("config_key") == config_key or
-           (method_of(t) == method and t.state.name == "COMPLETE")]
-    if own:
-        return max(own), f"the longest of this study's {len(own)} start{'s' * (len(own) > 1)} of {method}"
-    done = [s for t, s in ended if t.state.name == "COMPLETE"]
-    if done:
-        return UNSEEN_METHOD_FACTOR * max(done), (f"no start of {method} yet: {UNSEEN_METHOD_FACTOR:g} x the longest "
-                                                  f"of this study's {len(done)} starts")
-    return None
+        fail_own_running(self.study, self.storage, signame, self._record_trial)

@@ -26,7 +26,7 @@ from autotune.replay import _replay
 from autotune.replay._profile import ProfileRun
 from autotune.search import _settle
 from autotune.search._bands import BANDS_KEY, run_profile_scraped, scraped_profile_run
-from autotune.search._predict import k_of
+from autotune.search._observations import k_of
 from autotune.traffic._replayset import ReplayRequest
 
 log = logging.getLogger(__name__)

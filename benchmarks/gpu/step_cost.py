@@ -1,5 +1,5 @@
 """Is the step cost linear in K on the H200? The predictor fits ``a + b*K`` per method and level
-(``autotune.search._predict.CostFit``); this checks that shape on the measured GPU rows.
+(``autotune.search._cost.CostFit``); this checks that shape on the measured GPU rows.
 
 Step cost = TPOT x tokens per decode step (from each start's own counters at that level: the time
 of one decode step, drafting and verification included). Per method and concurrency level, with
@@ -9,7 +9,7 @@ no-speculation step as K=0 (the line the predictor's one-K bracket leans on).
 
     python benchmarks/gpu/step_cost.py benchmarks/results/h200-*.jsonl --out benchmarks/results/h200-step-cost.json
 
-Runs with the package's dependencies (it reads counters with ``autotune.search._predict``).
+Runs with the package's dependencies (it reads counters with ``autotune.search._observations``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from autotune.search._predict import tokens_per_step  # noqa: E402
+from autotune.search._observations import tokens_per_step  # noqa: E402
 
 WORKLOADS = ("code-h200", "chat-h200")
 

@@ -1,0 +1,181 @@
+"""What a study run may still spend: the budget (server starts, trials, wall time), the pause of a
+run in a shorter window, and the starts the search leaves for the confirmation.
+
+Server starts are what a study costs (``budget.max_server_starts``). A start stopped by a signal
+(``_trials.stopped_by_signal``) measured nothing through no fault of its configuration and does not
+count, so the rerun that resumes the study redoes it without losing a measured one. A run in a
+window shorter than the study (``Pause``: a GPU lease, the scheduler's slot) stops after its
+``pause_after_starts``, or before a start not expected to end in its ``pause_after_minutes``
+(``expected_start_s``); the next run resumes the same study. The search stops where the
+confirmation's rounds still fit the budget (``confirm_reserve``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from autotune.core._spec import StudySpec
+from autotune.search._space import NONE, SearchSpace
+from autotune.search._trials import ROLE_BASELINE, ROLE_SEARCH, stopped_by_signal, stored_trials
+
+UNSEEN_METHOD_FACTOR = 1.5
+"""``expected_start_s`` of a method not started yet: this many times the study's longest start."""
+
+
+@dataclass(frozen=True)
+class Pause:
+    """When a run stops before the study is done (``autotune study start --pause-after-...``)."""
+
+    after_starts: int | None = None
+    """At most this many server starts in this run, then stop without confirming or deciding:
+    a GPU window shorter than the study (the next run resumes the same study). A start is
+    begun only when the run may still make it, so none is cut short and lost to the budget."""
+    after_minutes: float | None = None
+    """This run ends within this many minutes: a start is begun only when it is expected to
+    end in time (``expected_start_s``), else the run pauses before it; a window with a hard
+    end (the scheduler's, a GPU lease) then loses no start to the clock."""
+    window_began: float | None = None
+    """``time.monotonic`` when the window began (the runner's command, before the GPU lock and
+    probe); None: when the study was opened."""
+
+
+def confirm_reserve(spec: StudySpec) -> int:
+    """Server starts the search leaves for the confirmation: ``confirm_max_starts`` rounds of
+    baseline, incumbent (when deployed) and winner, since the decision's power lies in those
+    rounds, not in one more search start; but never so many that the search cannot start the
+    baseline, the incumbent and one candidate (then ``confirm_starts`` rounds at least)."""
+    o = spec.objective
+    sides = 3 if spec.incumbent else 2
+    room = spec.budget.max_server_starts - (sides - 1) - 1
+    return sides * max(o.confirm_starts, min(o.max_confirm_starts(), room // sides))
+
+
+class StartBudget:
+    """The budget and pause of one run of a study (``study``: its Optuna study, whose stored
+    trials say what was spent; ``t0``: ``time.monotonic`` when the run opened it)."""
+
+    def __init__(self, spec: StudySpec, space: SearchSpace, study, t0: float, pause: Pause = Pause()):
+        self.spec, self.space, self.study, self.t0, self.pause = spec, space, study, t0, pause
+        self.window_ends = None if pause.after_minutes is None else \
+            (t0 if pause.window_began is None else pause.window_began) + pause.after_minutes * 60
+        """``time.monotonic`` at the window's end, counted from ``pause.window_began``."""
+        self.starts_at_open = self.server_starts()
+        self.paused = False
+        """A start was refused for the pause: nothing confirmed or decided in this run."""
+        self.paused_for = ""
+        """Why, when a start did not fit ``pause.after_minutes``."""
+
+    # ---- what was spent
+    def server_starts(self) -> int:
+        """Every server start the study made, interrupted ones included: what it cost."""
+        return sum(int(t.user_attrs.get("server_starts", 0)) for t in self.study.get_trials(deepcopy=False)
+                   if t.state.name != "WAITING")
+
+    def interrupted_starts(self) -> int:
+        """Starts stopped by SIGINT or SIGTERM (``interrupted_by``): someone chose to stop them, so
+        they measured nothing through no fault of their configuration."""
+        return sum(int(t.user_attrs.get("server_starts", 0)) for t in self.study.get_trials(deepcopy=False)
+                   if stopped_by_signal(t))
+
+    def budget_starts(self) -> int:
+        """The starts ``budget.max_server_starts`` counts: all but ``interrupted_starts``, so the
+        rerun that resumes a stopped study redoes the stopped start without losing a measured one
+        (``max_wall_minutes`` bounds what each run spends). A start whose autotune process died
+        still counts: the cause is unknown (the host's OOM killer may answer the configuration), and
+        counting it bounds a crash loop."""
+        return self.server_starts() - self.interrupted_starts()
+
+    def search_trials(self) -> int:
+        return sum(1 for t in self.study.get_trials(deepcopy=False)
+                   if t.user_attrs.get("role") in (ROLE_BASELINE, ROLE_SEARCH)
+                   and t.user_attrs.get("server_starts", 0) and t.state.name != "WAITING"
+                   and not stopped_by_signal(t))
+
+    # ---- what is left
+    def left(self, reserve: int = 0) -> str | None:
+        """Why no further start may be made (``reserve``: starts kept for the confirmation), or None."""
+        b = self.spec.budget
+        if self.budget_starts() + reserve >= b.max_server_starts:
+            n = self.interrupted_starts()
+            return f"server-start budget ({b.max_server_starts}) reached" + (
+                f" ({n} start{'s' * (n > 1)} stopped by a signal not counted)" if n else "")
+        if self.search_trials() >= b.max_trials:
+            return f"trial budget ({b.max_trials}) reached"
+        if (time.monotonic() - self.t0) / 60 >= b.max_wall_minutes:
+            return f"wall-time budget ({b.max_wall_minutes} min) reached"
+        if len({t.user_attrs.get("config_key") for t in stored_trials(self.study)}) >= self.space.size():
+            return "every configuration in the space was measured"
+        return None
+
+    def confirm_reserve(self) -> int:
+        return confirm_reserve(self.spec)
+
+    # ---- the pause
+    def pause_due(self) -> bool:
+        """This run has made its ``pause_after_starts`` (or a start did not fit its
+        ``pause_after_minutes``); ``paused`` is set only where a start is then refused, so the run
+        that makes the study's last start still decides."""
+        return bool(self.paused_for) or self.pause.after_starts is not None and \
+            self.server_starts() - self.starts_at_open >= self.pause.after_starts
+
+    def fits(self, config_key: str, method: str) -> bool:
+        """With ``pause_after_minutes``: is the start of ``config_key`` expected to end before the
+        run's time is up? If not, the run pauses before it (``paused_for`` says why)."""
+        if self.window_ends is None:
+            return True
+        expected = expected_start_s(self.study.get_trials(deepcopy=False), config_key, method)
+        left = self.window_ends - time.monotonic()
+        if expected is None or expected[0] <= left:
+            return True
+        self.paused_for = (f"paused before {config_key}: its start is expected to take {expected[0]:.0f} s "
+                           f"({expected[1]}), {max(left, 0):.0f} s of this run's {self.pause.after_minutes:g} min "
+                           "are left; the next run resumes the study")
+        return False
+
+    def blocked(self, reserve: int) -> str | None:
+        """``left`` at a point where a start would follow, or the pause that refuses it."""
+        reason = self.left(reserve)
+        if not reason and self.pause_due():
+            self.paused = True
+            return self.pause_reason()
+        return reason
+
+    def pause_reason(self) -> str:
+        if self.paused_for:
+            return self.paused_for
+        return (f"paused after {self.server_starts() - self.starts_at_open} server starts in this run "
+                f"(pause_after_starts {self.pause.after_starts}); the next run resumes the study")
+
+
+def start_seconds_of(t) -> float | None:
+    """How long the trial's server start took, from start to stop: ``start_s``, or for trials
+    written before it (and those a signal handler failed), Optuna's start and end times."""
+    if t.user_attrs.get("start_s") is not None:
+        return float(t.user_attrs["start_s"])
+    if t.datetime_start and t.datetime_complete:
+        return (t.datetime_complete - t.datetime_start).total_seconds()
+    return None
+
+
+def expected_start_s(trials, config_key: str, method: str) -> tuple[float, str] | None:
+    """The seconds a start of ``config_key`` is expected to take, and the basis: the longest
+    earlier start of the same method in this study, or of this configuration itself (an
+    interrupted attempt's length is a lower bound of its own); with neither, half as much again as
+    the longest start of any method (a method's first start loads what the others did not: on the
+    H200 a draft model's start took 1.4-1.9 times an ngram start). The longest, not a mean: the
+    window it protects has a hard end. None before any start has ended."""
+    def method_of(t) -> str:
+        return (t.user_attrs.get("config") or {}).get("method") or NONE
+
+    ended = [(t, s) for t in trials if t.state.name in ("COMPLETE", "FAIL") and t.user_attrs.get("server_starts")
+             and (s := start_seconds_of(t)) is not None]
+    own = [s for t, s in ended if t.user_attrs.get("config_key") == config_key or
+           (method_of(t) == method and t.state.name == "COMPLETE")]
+    if own:
+        return max(own), f"the longest of this study's {len(own)} start{'s' * (len(own) > 1)} of {method}"
+    done = [s for t, s in ended if t.state.name == "COMPLETE"]
+    if done:
+        return UNSEEN_METHOD_FACTOR * max(done), (f"no start of {method} yet: {UNSEEN_METHOD_FACTOR:g} x the longest "
+                                                  f"of this study's {len(done)} starts")
+    return None

@@ -1,0 +1,103 @@
+"""The confirmation: fresh starts of baseline, incumbent and winner after the search, on which the
+decision rests.
+
+The search picked its winner on one start, which favours a lucky start (the winner's curse), so
+the decision uses none of the search's starts: ``confirm_starts`` fresh starts each of the
+no-speculation baseline, the deployed incumbent (when it is not the winner) and the winner, on
+the confirmation requests, interleaved round by round so that slow drift of the host hits each
+side alike; then, while the decision is still open (``Confirmation.open``, asked by the caller
+that decides: ``_recommend.open_question``), more rounds up to ``confirm_max_starts``. The looks
+the budget allows are fixed before the first confirmation start and kept in the study for a
+resumed run: the decision spends its error over exactly these (``_recommend.planned_looks``).
+Each round's start of a side claims its slot (``confirm/<round>/<config key>``), so a resumed run
+or another worker never repeats one.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from autotune.search._space import NONE, canonical
+from autotune.search._trials import ROLE_CONFIRM, claim_key_of
+
+
+class Confirmation:
+    """The confirmation plan of one study run and what it did (``record``)."""
+
+    def __init__(self):
+        self.open: Callable[[], bool] | None = None
+        """Set by the caller that decides (``_recommend.open_question``): one more round?"""
+        self.record: dict = {}
+        """What ran, and why a round did not (``Study.confirmation``), for the decision to state."""
+
+    def sides(self, study, best) -> list[tuple[dict, str, dict | None]]:
+        """(Optuna params, config key, more user attributes) of each side a round starts, in order:
+        the baseline, the incumbent when it is deployed and not ``best``, and ``best`` (the
+        search's winner, with its band schedule)."""
+        wkey = best.user_attrs["config_key"]
+        sides = [({"method": NONE}, NONE, None)]
+        inc = study.spec.incumbent
+        if inc and canonical(inc) != wkey:
+            params = study._enqueueable(inc)
+            if params is None:
+                study.notes.append(f"the incumbent {canonical(inc)} cannot be confirmed: outside tonight's space")
+            else:
+                sides.append((params, canonical(inc), None))
+        bands = best.user_attrs.get("bands")
+        sides.append((dict(best.params), wkey, {"bands": bands} if bands else None))
+        return sides
+
+    def looks(self, study, sides: int) -> int:
+        """The looks the budget allows ``sides`` sides, fixed before the first confirmation start
+        (and kept for a resumed run): the decision spends its error over exactly these
+        (``_recommend.planned_looks``)."""
+        looks = study.study.user_attrs.get("confirm_looks")
+        if looks is None:
+            done = len(study.trials(role=ROLE_CONFIRM))
+            looks = study.spec.objective.planned_looks(
+                study.spec.budget.max_server_starts - study.budget_starts() + done, sides)
+            if study.leader:
+                study.study.set_user_attr("confirm_looks", looks)
+        return looks
+
+    def run(self, study) -> None:
+        """Confirm ``study``'s winner (a ``_study.Study``: its trials, budget and starts): the
+        rounds already measured count, a round missing a side starts it, and the budget or this
+        run's pause ends the confirmation early (``record`` says so)."""
+        best = study.best(search_only=True)
+        spec = study.spec
+        obj = spec.objective
+        n, most = obj.confirm_starts, obj.max_confirm_starts()
+        self.record = {"planned": n, "max": most, "rounds": 0, "skipped": None,
+                       "fresh_requests": study.confirm_reqs is not study.search_reqs}
+        if best is None:
+            self.record["skipped"] = "no candidate to confirm"
+            return
+        if n == 0:
+            self.record["skipped"] = "objective.confirm_starts is 0"
+            return
+        sides = self.sides(study, best)
+        looks = self.looks(study, len(sides))
+        self.record["looks"] = looks
+        most = max(n, min(most, looks))  # confirm_starts rounds are tried whatever the budget (and say so)
+        for i in range(most):
+            done = all(len(study.trials(role=ROLE_CONFIRM, config_key=key)) > i for _, key, _ in sides)
+            if not done and i >= n and not (self.open is not None and self.open()):
+                break  # the decision is settled (or nobody asks): no further round
+            for params, key, attrs in sides:
+                have = study.trials(role=ROLE_CONFIRM, config_key=key)
+                slot = f"confirm/{i}/{key}"
+                if len(have) > i or any(claim_key_of(t) == slot for t in have):
+                    continue
+                if study.budget.pause_due():
+                    study.paused = True
+                    return
+                if study.budget_starts() >= spec.budget.max_server_starts:
+                    if i < n:
+                        self.record["skipped"] = (f"the server-start budget ({spec.budget.max_server_starts})"
+                                                  f" was spent after {i} of {n} confirmation rounds")
+                    else:
+                        self.record["stopped"] = f"server-start budget spent after {i} rounds"
+                    return
+                study._run_enqueued(params, ROLE_CONFIRM, claim_key=slot, attrs=attrs)
+            self.record["rounds"] = i + 1
