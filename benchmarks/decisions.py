@@ -225,6 +225,7 @@ def simulate(base, scenario: str, cv: float, tail, prior_cv, rng) -> tuple[str, 
     """One night: the search's starts, the confirmation rounds as ``Study.confirm`` runs them,
     the decision. Returns (decision, a change to the truly best config, server starts)."""
     from autotune.decide import _recommend
+    from autotune.search import study_record
 
     inc_t, cand_t, _ = SCENARIOS[scenario]
     incumbent = INCUMBENT if inc_t is not None else None
@@ -254,14 +255,14 @@ def simulate(base, scenario: str, cv: float, tail, prior_cv, rng) -> tuple[str, 
     looks = o.planned_looks(budget - night.starts, len(sides))
     night.confirmation["looks"] = looks
     for i in range(min(o.max_confirm_starts(), looks)):
-        if i >= o.confirm_starts and not _recommend.open_question(night):
+        if i >= o.confirm_starts and not _recommend.open_question(study_record(night)):
             break
         if night.starts + len(sides) > budget:
             break
         for key in sides:
             start(key, "confirm")
         night.confirmation["rounds"] = i + 1
-    d = _recommend.decide(night).decision
+    d = _recommend.decide(study_record(night)).decision
     best_key = min(truth, key=truth.get)
     return d, d == "change" and wkey == best_key and truth[best_key] < min(truth[NONE], inc_t or math.inf), night.starts
 

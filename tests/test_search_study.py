@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from _synthetic import Workload, ngram
 from autotune.traffic import _replayset
-from autotune.search import _study
+from autotune.search import _study, study_record
 from autotune.search._bands import BANDS_KEY, k_at
 from autotune.engines._probe import Capabilities
 from autotune.search._space import NONE, SearchSpace, canonical
@@ -86,7 +86,7 @@ def run_study(tmp_path, monkeypatch, w, spec, caps_fields=FIELDS):
     study = _study.Study(spec, caps, space, spec.storage, ["vllm", "serve"], tmp_path / "home")
     from autotune.decide import _recommend
 
-    study.confirm_open = lambda: _recommend.open_question(study)  # as the runner asks it
+    study.confirm_open = lambda: _recommend.open_question(study_record(study))  # as the runner asks it
     outcome = study.run()
     return study, outcome, fm
 
@@ -174,7 +174,7 @@ def test_bands_are_searched_verified_and_confirmed(tmp_path, monkeypatch):
     assert fm.calls[-1] == best.user_attrs["config"] or fm.calls[-2] == best.user_attrs["config"]
     # the file lists each level: the schedule deployed, its speedup where it speculates
     from autotune.decide import _recommend
-    rec = _recommend.build(study, _recommend.decide(study), outcome)
+    rec = _recommend.build(study_record(study), _recommend.decide(study_record(study)), outcome)
     # decided on the traffic-weighted per-level median, whose interval is tight; the median of the
     # pooled 50/50 mixture fell in the gap between the levels (CI 0.74-4.08: "keep")
     ev = rec["evidence"]

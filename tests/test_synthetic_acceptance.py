@@ -13,7 +13,8 @@ from types import SimpleNamespace
 import pytest
 
 from autotune.decide import _recommend
-from autotune.search import _trial
+from autotune.search import StudyRecord, TrialRecord, _trial
+from autotune.search._space import canonical
 from autotune.engines._engine import ServerStartError
 from autotune.core._spec import SpecError, load_spec
 
@@ -131,11 +132,11 @@ def test_trial_argv_carries_the_rates_for_its_k(tmp_path, monkeypatch):
 
 def _fake_study(spec, config):
     """What _recommend.build reads from a study, for one measured winner."""
-    trial = SimpleNamespace(user_attrs={"measurement": {"argv": ["vllm", "serve", "m", "--speculative-config",
-                                                                 json.dumps(spec.run_config(config))]}})
-    return SimpleNamespace(
-        spec=spec, caps=SimpleNamespace(version="0.25.0"), space=SimpleNamespace(dropped={}),
-        trials=lambda config_key=None: [trial],
+    trial = TrialRecord(number=0, state="COMPLETE", config=config, config_key=canonical(config),
+                        measurement={"argv": ["vllm", "serve", "m", "--speculative-config",
+                                              json.dumps(spec.run_config(config))]})
+    return StudyRecord(
+        name=None, spec=spec, vllm_version="0.25.0", dropped_methods={}, all_trials=(trial,),
         replay_set=SimpleNamespace(path="r.jsonl", digest="d", requests=[1, 2], by_tag=lambda: {None: 2}))
 
 

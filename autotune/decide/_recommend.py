@@ -66,17 +66,17 @@ def _side(trials, statistic: str, decided_on: list | None = None) -> dict:
     """Descriptive figures of one config's starts (every usable start pooled) and the starts the
     decision used (``decision_trials``)."""
     used, excluded = usable_starts(trials)
-    pooled = [v for t in used for v in t.user_attrs["measurement"]["tpot_ms"]]
+    pooled = [v for t in used for v in t.measurement["tpot_ms"]]
     profile = profile_groups(used)
     counters = spec_counters(trials)
-    summaries = [t.user_attrs["measurement"]["summary"] for t in trials]
+    summaries = [t.measurement["summary"] for t in trials]
     return {
         "tpot_ms": (_measure.weighted_statistic(*profile, statistic) if profile
                     else _measure.summarize(pooled, statistic) if pooled else None),
         "tpot_ms_percentiles": _measure.percentiles(pooled) if pooled else {},
-        "server_starts": len(trials), "stalled_starts": sum(1 for t in trials if t.user_attrs.get("stalled")),
+        "server_starts": len(trials), "stalled_starts": sum(1 for t in trials if t.stalled),
         "excluded_starts": excluded,
-        "mixed_tpot_starts": [t.number for t in trials if (t.user_attrs["measurement"].get("tpot_mixed"))],
+        "mixed_tpot_starts": [t.number for t in trials if t.measurement.get("tpot_mixed")],
         "requests": len(pooled),
         "output_throughput": (sum(s["output_throughput_tok_s"] for s in summaries) / len(summaries)
                               if summaries else None),
@@ -84,7 +84,7 @@ def _side(trials, statistic: str, decided_on: list | None = None) -> dict:
         "ttft_ms_p90": _median([(s.get("ttft_ms") or {}).get("p90") for s in summaries]),
         "trials": [t.number for t in trials],
         "decision_trials": [t.number for t in (decided_on or [])],
-        "start_seconds": _median([t.user_attrs["measurement"]["start_seconds"] for t in trials]),
+        "start_seconds": _median([t.measurement["start_seconds"] for t in trials]),
     }
 
 
@@ -109,7 +109,7 @@ def decide(study, history: list[dict] | None = None) -> Decision:
     their own studies' start-to-start variance is pooled into tonight's (same model, vLLM,
     concurrency and statistic; the last ``HISTORY_NIGHTS``)."""
     d = _decide(study, history)
-    rs = getattr(study, "replay_set", None)
+    rs = study.replay_set
     prov = replay_provenance(rs.path) if rs is not None else {}
     if prov.get("acceptance_measurable", True) or d.decision != "change":
         return d
@@ -149,7 +149,7 @@ def damp(d: Decision, study, previous: dict | None, now: dt.datetime | None = No
     if age_days >= days:
         return d
     prev_version = (previous.get("engine") or {}).get("vllm_version") or (previous.get("valid_for") or {}).get("vllm_version")
-    if prev_version and prev_version != study.caps.version:
+    if prev_version and prev_version != study.vllm_version:
         return d
     inc = study.spec.incumbent
     rate = spec_counters(study.trials(config_key=canonical(inc)))["acceptance_rate"] if inc else None
@@ -170,7 +170,7 @@ def start_log_values(trials, statistic: str) -> list[float]:
     per-level statistic for a profile study)."""
     out = []
     for t in trials:
-        m = t.user_attrs["measurement"]
+        m = t.measurement
         v = measurement_objective(m.get("levels"), m["tpot_ms"], statistic)
         if v > 0 and math.isfinite(v):
             out.append(math.log(v))
@@ -182,9 +182,9 @@ def _matches(rec: dict, study) -> bool:
     vf = rec.get("valid_for") or {}
     spec = study.spec
     return (vf.get("model") == spec.model and vf.get("concurrency") == spec.replay.concurrency
-            and vf.get("vllm_version") == getattr(getattr(study, "caps", None), "version", vf.get("vllm_version"))
+            and vf.get("vllm_version") == (study.vllm_version if study.vllm_version is not None else vf.get("vllm_version"))
             and ev.get("statistic") == spec.objective.statistic
-            and vf.get("hardware") == getattr(study, "hardware", vf.get("hardware")))
+            and vf.get("hardware") == (study.hardware if study.hardware is not None else vf.get("hardware")))
 
 
 def noise_class(key: str | None) -> str:
@@ -214,7 +214,7 @@ def prior_noise(study, history: list[dict] | None) -> dict[str, _measure.StartNo
             if p is not None:
                 add(classes, p.df * math.log1p(p.cv) ** 2, p.df,
                     {"source": "objective.start_noise", "cv": p.cv, "df": p.df, **tag})
-    seen = {getattr(study, "name", None)}  # a rerun of tonight's study: its starts are already tonight's
+    seen = {study.name}  # a rerun of tonight's study: its starts are already tonight's
     for rec in (history or [])[:HISTORY_NIGHTS]:
         n = (rec.get("evidence") or {}).get("noise") or {}
         sid = (rec.get("study") or {}).get("name")
@@ -271,13 +271,13 @@ def _comparisons(study, history, best) -> dict:
     stat = spec.objective.statistic
     inc = spec.incumbent
     inc_key = canonical(inc)
-    win_key = best.user_attrs["config_key"] if best is not None else None
+    win_key = best.config_key if best is not None else None
     by_key: dict[str, list] = {}
     for t in study.trials():
-        by_key.setdefault(t.user_attrs.get("config_key"), []).append(t)
+        by_key.setdefault(t.config_key, []).append(t)
 
     def confirmed(key):
-        used, _ = usable_starts([t for t in by_key.get(key, []) if t.user_attrs.get("role") == ROLE_CONFIRM])
+        used, _ = usable_starts([t for t in by_key.get(key, []) if t.role == ROLE_CONFIRM])
         return used
 
     # start-to-start variance: every config with 2+ usable starts, the winner's selection start
@@ -289,7 +289,7 @@ def _comparisons(study, history, best) -> dict:
     for key, ts in by_key.items():
         used, _ = usable_starts(ts)
         if key == win_key and key != inc_key:
-            used = [t for t in used if t.user_attrs.get("role") == ROLE_CONFIRM]
+            used = [t for t in used if t.role == ROLE_CONFIRM]
         samples[key] = start_log_values(used, stat)
     own = _measure.pooled_start_noise(samples)
     prior = prior_noise(study, history)
@@ -297,7 +297,7 @@ def _comparisons(study, history, best) -> dict:
     for cls in NOISE_CLASSES:
         own_c = _measure.pooled_start_noise({k: v for k, v in samples.items() if noise_class(k) == cls})
         by_class[cls] = {"own": own_c, "prior": prior[cls], "noise": own_c}
-    conf_info = getattr(study, "confirmation", None) or {}
+    conf_info = study.confirmation or {}
     looks = int(conf_info.get("looks") or planned_looks(spec))
     if win_key and not samples.get(win_key):  # unconfirmed winner: its selection start is all there is
         samples[win_key] = start_log_values(usable_starts(by_key.get(win_key, []))[0], stat)
@@ -305,7 +305,7 @@ def _comparisons(study, history, best) -> dict:
     i = confirmed(inc_key) if inc else []
     w = confirmed(win_key) if win_key else []
     # the look: confirmation rounds run so far (a stalled start still spent its round)
-    ran = [len([t for t in by_key.get(k, []) if t.user_attrs.get("role") == ROLE_CONFIRM])
+    ran = [len([t for t in by_key.get(k, []) if t.role == ROLE_CONFIRM])
            for k in {NONE, inc_key, win_key} if k is not None]
     look = min(looks, max(1, max(ran, default=0)))
     alpha = (1.0 - spec.guards.confidence) / 2.0  # one-sided, per question
@@ -444,9 +444,9 @@ def _decide(study, history: list[dict] | None = None) -> Decision:
     deployed = inc_key != NONE
     gain = spec.objective.min_gain or 0.0
     baseline = study.trials(config_key=NONE)
-    best = study.best(search_only=True)  # the search's pick; a fast confirmation start never re-picks
+    best = study.best()  # the search's pick; a fast confirmation start never re-picks
     c = _comparisons(study, history, best)
-    conf_info = getattr(study, "confirmation", None) or {}
+    conf_info = study.confirmation or {}
     evidence: dict = {
         "statistic": statistic,
         "method": "t interval on log per-start " + statistic + " TPOT, confirmation starts only; "
@@ -497,8 +497,8 @@ def _decide(study, history: list[dict] | None = None) -> Decision:
     if best is None:
         evidence["comparison"] = "incumbent_vs_none" if deployed else "none"
         return disable_or("no candidate", "no speculative configuration completed and passed the guards")
-    key = best.user_attrs["config_key"]
-    cfg = best.user_attrs["config"]
+    key = best.config_key
+    cfg = best.config
     wtrials = study.trials(config_key=key)
     evidence["winner"] = _side(wtrials, statistic, c["W"])
     evidence["winner"]["config"] = cfg
@@ -508,13 +508,13 @@ def _decide(study, history: list[dict] | None = None) -> Decision:
         evidence["drafts_short"] = short
     vs_none = _ci(c, "B", "W")
     evidence["winner_vs_none"] = vs_none.to_dict() if vs_none else None
-    eq = [t.user_attrs.get("equivalence", {}) for t in wtrials]
+    eq = [t.equivalence for t in wtrials]
     evidence["equivalence"] = {"compared": sum(e.get("compared", 0) for e in eq),
                                "matched": sum(e.get("matched", 0) for e in eq),
                                "min_compared": spec.guards.equivalence_min_compared}
     bt, wt = evidence["baseline"]["output_throughput"], evidence["winner"]["output_throughput"]
     evidence["throughput_ratio"] = wt / bt if bt and wt is not None else None
-    evidence["failed_requests"] = sum(t.user_attrs["measurement"]["summary"].get("failed", 0) for t in wtrials)
+    evidence["failed_requests"] = sum(t.measurement["summary"].get("failed", 0) for t in wtrials)
     evidence["single_start_only"] = len(c["B"]) < 2 or len(c["W"]) < 2
     label = fmt_config(cfg)  # noqa: F811 (a local name: the label of the winner)
     if key == inc_key:
@@ -584,7 +584,7 @@ def drafts_short(trials) -> dict | None:
     drafted fewer tokens than configured (vLLM 0.25's compile cache gave the GPU n-gram proposer
     another K's kernel) or the drafter never agrees that far; either way the positions past it
     bought nothing, and the figures are not those of the K the config sets."""
-    short = [s for t in trials if (s := ((t.user_attrs.get("measurement") or {}).get("summary") or {}).get("drafts_short"))]
+    short = [s for t in trials if (s := t.summary.get("drafts_short"))]
     if not short:
         return None
     return {"starts": len(short), "of": len(trials), "position": short[0]["position"], "k": short[0]["k"]}
@@ -696,7 +696,7 @@ def build(study, decision: Decision, outcome) -> dict:
     now = dt.datetime.now(dt.timezone.utc)
     deploy = decision.winner if decision.decision != "disable" else None
     winner_trials = study.trials(config_key=canonical(decision.winner)) if decision.winner else []
-    argv = winner_trials[-1].user_attrs["measurement"]["argv"] if winner_trials else None
+    argv = winner_trials[-1].measurement["argv"] if winner_trials else None
     engine = _registry.for_spec(spec)
     rec = {
         "schema": SCHEMA,
@@ -709,15 +709,15 @@ def build(study, decision: Decision, outcome) -> dict:
         "measured_argv": argv,
         "evidence": decision.evidence,
         "rollback": {"speculative_config": spec.incumbent, "vllm_serve_args": serve_args_for(spec.incumbent)},
-        "valid_for": {"model": spec.model, "vllm_version": study.caps.version,
+        "valid_for": {"model": spec.model, "vllm_version": study.vllm_version,
                       "serve_args": spec.engine.serve_args, "concurrency": spec.replay.concurrency,
                       "production_equivalent": spec.production_equivalent,
-                      "hardware": getattr(study, "hardware", None)},
+                      "hardware": study.hardware},
         "study": {"name": outcome.study_name, "storage": safe_url(outcome.storage), "trials": len(outcome.trials),
                   "server_starts": outcome.server_starts, "interrupted_starts": outcome.interrupted_starts,
                   "wall_s": round(outcome.wall_s, 1),
                   "stopped_because": outcome.stopped_because,
-                  "dropped_methods": study.space.dropped},
+                  "dropped_methods": dict(study.dropped_methods)},
         "replay_set": {"path": str(study.replay_set.path), "digest": study.replay_set.digest,
                        "requests": len(study.replay_set.requests), "by_tag": {str(k): v for k, v in
                                                                               study.replay_set.by_tag().items()},
@@ -734,7 +734,7 @@ def build(study, decision: Decision, outcome) -> dict:
         rec["rollback"].pop("vllm_serve_args")
         rec.update(engine_kind=engine.kind, **engine.deploy_fields(deploy))
         rec["rollback"].update(engine.deploy_fields(spec.incumbent))
-        rec["valid_for"]["engine"] = f"{engine.name} {study.caps.version}"
+        rec["valid_for"]["engine"] = f"{engine.name} {study.vllm_version}"
     return rec
 
 
@@ -753,11 +753,11 @@ def _engine_notes(study, deployed_trials: list) -> dict:
     last measured start) and which of those the no-speculation baseline's start did not have."""
     if not deployed_trials:
         return {}
-    winner = deployed_trials[-1].user_attrs["measurement"].get("engine_notes")
+    winner = deployed_trials[-1].measurement.get("engine_notes")
     if winner is None:  # measured by a version that did not read the log
         return {}
     base = study.trials(config_key=NONE)
-    baseline = (base[-1].user_attrs["measurement"].get("engine_notes") if base else None) or {}
+    baseline = (base[-1].measurement.get("engine_notes") if base else None) or {}
     return {"engine_notes": {"config": winner, "baseline": baseline, "not_in_baseline": added(winner, baseline)}}
 
 

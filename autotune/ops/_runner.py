@@ -48,6 +48,7 @@ from autotune.engines._engine import check_compile_cache
 from autotune.engines._probe import ProbeError
 from autotune.engines._serverlog import engine_note_lines
 from autotune.search import _preflight
+from autotune.search._record import study_record
 from autotune.search._space import SearchSpace
 from autotune.search._study import Study, interrupted_attrs
 from autotune.search._trial import TrialFailed
@@ -287,7 +288,7 @@ def _locked(req: RunRequest, spec, settings: Settings, echo: Echo, on_event, loc
             st = Study(spec, caps, space, url, command, home, study_name=req.study_name, on_event=on_event,
                        store=store, pid_dir=pid_dir, warm_start=warm, leader=not req.worker, run_id=run_id,
                        sampler_seed=_worker_seed(spec.seed) if req.worker else None, hardware=settings.hardware,
-                       fidelity_check=_gate.check_study, pause_after_starts=req.pause_after_starts,
+                       fidelity_check=_gate.fidelity_check, pause_after_starts=req.pause_after_starts,
                        pause_after_minutes=req.pause_after_minutes, window_began=began)
         except (ReplaySetError, ValueError) as e:
             store.finish_run(run_id, "failed", EXIT_INPUT, error=str(e))
@@ -300,9 +301,9 @@ def _locked(req: RunRequest, spec, settings: Settings, echo: Echo, on_event, loc
         for note in st.notes:
             echo(f"  {note}")
         nights = _history.history(spec.workload, rec_dir, store)  # earlier nights' start-to-start variance
-        prior = _recommend.prior_noise(st, nights)["speculative"]  # the predictor's intervals carry it too
+        prior = _recommend.prior_noise(study_record(st), nights)["speculative"]  # the predictor's intervals carry it too
         st.set_noise_prior(prior.sd, prior.df)
-        st.confirm_open = lambda: _recommend.open_question(st, nights)
+        st.confirm_open = lambda: _recommend.open_question(study_record(st), nights)
         try:
             outcome = st.run()
         except TrialFailed as e:
@@ -324,13 +325,14 @@ def _locked(req: RunRequest, spec, settings: Settings, echo: Echo, on_event, loc
             _finish(store, run_id, st, "ok", EXIT_OK)
             echo(f"worker done: {outcome.stopped_because}; {outcome.server_starts} server starts in the study")
             return EXIT_OK
-        decision = _recommend.damp(_recommend.decide(st, nights), st, previous)
-        payload = _recommend.build(st, decision, outcome)
-        payload["drift"] = _history.drift_block(st, payload, previous, spec.drift.min_acceptance_rate)
-        payload["fidelity"] = getattr(st, "fidelity", None) or _gate.not_checked(
+        record = study_record(st)  # the study as decide, trust and the payload read it
+        decision = _recommend.damp(_recommend.decide(record, nights), record, previous)
+        payload = _recommend.build(record, decision, outcome)
+        payload["drift"] = _history.drift_block(record, payload, previous, spec.drift.min_acceptance_rate)
+        payload["fidelity"] = record.fidelity or _gate.not_checked(
             "no production telemetry in the spec (production.telemetry)")
         try:  # engine fingerprint, traffic profile, predicted figures, canary ranges, kill criteria
-            payload.update(_drift.trust_blocks(st, payload, payload["fidelity"]))
+            payload.update(_drift.trust_blocks(record, payload, payload["fidelity"]))
         except Exception as e:  # never lose a study's recommendation over its auxiliary fields
             log.warning("cannot derive the canary fields: %s", e)
             payload["canary_error"] = f"{type(e).__name__}: {e}"
