@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from _synthetic import Workload, ngram
 from autotune.traffic import _replayset
-from autotune.search import _study, study_record
+from autotune.search import StudyRecord, _study, read_study, study_record
 from autotune.search._bands import BANDS_KEY, k_at
 from autotune.engines._probe import Capabilities
 from autotune.search._space import NONE, SearchSpace, canonical
@@ -201,7 +201,7 @@ def test_report_from_the_study(tmp_path, monkeypatch):
     spec = make_spec(tmp_path, levels={1: 0.5, 8: 0.5}, bands=True)
     study, outcome, fm = run_study(tmp_path, monkeypatch, w, spec)
     st = optuna.load_study(study_name=study.name, storage=spec.storage)
-    paths = _report.build(study.name, st.get_trials(), st.user_attrs, tmp_path / "report", None, "syn")
+    paths = _report.build(read_study(st), tmp_path / "report", None, "syn")
     for name in ("markdown", "html", "tpot_vs_k", "acceptance", "trials", "predicted_vs_measured", "bands"):
         assert paths[name].exists() and paths[name].stat().st_size > 0, name
     md = paths["markdown"].read_text()
@@ -221,7 +221,7 @@ def test_report_without_matplotlib_says_how_to_install(monkeypatch, tmp_path):
     from autotune.report import _report
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails as if not installed
     with pytest.raises(_report.ReportError, match=r"autotune\[report\]"):
-        _report.build("s", [], {}, tmp_path)
+        _report.build(StudyRecord(name="s"), tmp_path)
 
 
 def test_the_search_is_one_optuna_optimize_ended_by_the_samplers_stop(tmp_path, monkeypatch):

@@ -24,6 +24,7 @@ def report(workload, out_dir, spec_path, storage, study_name) -> None:
     from autotune.core._store import safe_url
     from autotune.decide import _recommend
     from autotune.report._report import ReportError, build
+    from autotune.search._record import read_study
 
     settings = get_settings()
     spec = spec_for(workload, spec_path, settings)
@@ -44,7 +45,7 @@ def report(workload, out_dir, spec_path, storage, study_name) -> None:
         rec = None
     out = Path(out_dir) if out_dir else Path(settings.home) / "reports" / workload
     try:
-        paths = build(names[-1], st.get_trials(deepcopy=False), st.user_attrs, out, rec, workload)
+        paths = build(read_study(st), out, rec, workload)
     except ReportError as e:
         fail(str(e), EXIT_INPUT)
     click.echo(f"report of study {names[-1]}: {paths['markdown']}")
