@@ -7,7 +7,7 @@ recommendation. Implementation lives in private ``_module.py`` files; this is th
 from autotune.core._measure import RatioCI, bootstrap_ratio_ci, detect_stall, summarize
 from autotune.core._settings import Settings, get_settings
 from autotune.core._spec import SpecError, StudySpec, load_spec
-from autotune.decide._recommend import Decision, decide
+from autotune.decide._decision import Decision, decide
 from autotune.engines._engine import ServerStartError, VllmServer, build_argv
 from autotune.engines._probe import Capabilities, probe
 from autotune.search._space import SearchSpace

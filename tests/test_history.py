@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from autotune.core import _files
 from autotune.decide import _history
-from autotune.decide import _recommend
+from autotune.decide._payload import SCHEMA, serve_args_for
 from autotune.cli._main import main
 from autotune.search import study_record
 from autotune.search._space import canonical
@@ -30,12 +30,12 @@ SUFFIX = {"method": "suffix", "num_speculative_tokens": 24, "suffix_decoding_max
 
 
 def _payload(decision="change", config=NGRAM, created="2026-11-28T02:00:00+00:00", speedup=2.5, drift=None):
-    return {"schema": _recommend.SCHEMA, "workload": "code", "decision": decision, "reason": f"{decision} because",
+    return {"schema": SCHEMA, "workload": "code", "decision": decision, "reason": f"{decision} because",
             "speculative_config": config, "created_at": created,
             "evidence": {"speedup": speedup, "speedup_ci": [speedup - 0.2, speedup + 0.2], "confidence": 0.95,
                          "statistic": "median", "baseline": {"tpot_ms": 30.0},
                          "winner": {"config": config, "tpot_ms": 30.0 / speedup}},
-            "vllm_serve_args": _recommend.serve_args_for(config), "expires_at": "2026-12-06T02:00:00+00:00",
+            "vllm_serve_args": serve_args_for(config), "expires_at": "2026-12-06T02:00:00+00:00",
             "study": {"name": "autotune-code-abc", "server_starts": 5}, "replay_set": {"digest": created[:10]},
             "valid_for": {"model": "/m", "vllm_version": "0.32.0"}, **({"drift": drift} if drift else {})}
 

@@ -17,8 +17,9 @@ import pytest
 import yaml
 
 from autotune.core import _files
-from autotune.decide import _recommend
-from autotune.decide._recommend import comparison_lines, config_yaml, decide, serve_args_for, write_atomic
+from autotune.decide import _decision, _noise, _payload
+from autotune.decide._decision import decide
+from autotune.decide._payload import comparison_lines, config_yaml, serve_args_for, write_atomic
 from autotune.search import study_record
 from autotune.search._space import NONE, canonical
 from autotune.core._spec import load_spec
@@ -33,7 +34,7 @@ SUFFIX = {"method": "suffix", "num_speculative_tokens": 8, "suffix_decoding_max_
 
 # --------------------------------------------------------------------------- write_atomic
 
-OLD = {"schema": _recommend.SCHEMA, "workload": "code", "decision": "keep", "reason": "previous night"}
+OLD = {"schema": _payload.SCHEMA, "workload": "code", "decision": "keep", "reason": "previous night"}
 
 
 @pytest.fixture
@@ -55,7 +56,7 @@ def test_write_atomic_writes_json(tmp_path):
     assert text.endswith("}\n")
     assert json.loads(text) == {"decision": "keep", "path": "/x/y", "nested": {"k": [1, 2]}}
     assert _leftovers(p.parent, p) == []
-    assert _recommend.load(tmp_path / "new" / "dir", "code") == json.loads(text)
+    assert _payload.load(tmp_path / "new" / "dir", "code") == json.loads(text)
 
 
 def test_write_atomic_replaces_previous(target):
@@ -149,20 +150,20 @@ def test_read_only_directory_leaves_previous_file_intact():
 def test_load_of_a_file_that_is_no_recommendation_names_it(tmp_path, text, why):
     (tmp_path / "code.json").write_text(text)
     with pytest.raises(ValueError) as ei:
-        _recommend.load(tmp_path, "code")
+        _payload.load(tmp_path, "code")
     assert str(ei.value).startswith(f"{tmp_path / 'code.json'}: ") and why in str(ei.value)
 
 
 def test_load_of_broken_json_names_file_and_line(tmp_path):
     (tmp_path / "code.json").write_text('{\n  "decision": "keep",\n  oops\n}\n')
     with pytest.raises(ValueError) as ei:
-        _recommend.load(tmp_path, "code")
+        _payload.load(tmp_path, "code")
     assert str(ei.value).startswith(f"{tmp_path / 'code.json'}:3: not valid JSON")
 
 
 def test_load_missing_names_the_file(tmp_path):
     with pytest.raises(FileNotFoundError) as ei:
-        _recommend.load(tmp_path, "chat")
+        _payload.load(tmp_path, "chat")
     assert str(tmp_path / "chat.json") in str(ei.value) and "'chat'" in str(ei.value)
 
 
@@ -520,15 +521,15 @@ def test_a_prior_the_night_contradicts_either_way_is_reported(spec):
     ev = decide(study_record(FakeStudy(with_prior(0.02), noisy))).evidence
     pc = ev["noise"]["prior_check"]
     assert pc["conflict"] is True and pc["prior_too"] == "small" and pc["p"] < 0.01 and pc["own_df"] == 3
-    text = "\n".join(_recommend.comparison_lines(ev))
+    text = "\n".join(_payload.comparison_lines(ev))
     assert "noise prior too small: this study's own starts vary" in text and "benchmarks/start_noise.py" in text
     quiet = [*_starts(spec, None, 30.0, [30.01, 29.99, 30.02]), *_starts(spec, NGRAM, 10.0, [10.01, 9.99, 10.0])]
     ev = decide(study_record(FakeStudy(with_prior(0.30), quiet))).evidence
     assert ev["noise"]["prior_check"]["prior_too"] == "large" and ev["noise"]["prior_check"]["p_quieter"] < 0.01
-    assert "noise prior too large" in "\n".join(_recommend.comparison_lines(ev))
+    assert "noise prior too large" in "\n".join(_payload.comparison_lines(ev))
     ev = decide(study_record(FakeStudy(with_prior(0.0005), quiet))).evidence  # starts as quiet as the prior: no line
     assert ev["noise"]["prior_check"]["conflict"] is False
-    assert "noise prior too" not in "\n".join(_recommend.comparison_lines(ev))
+    assert "noise prior too" not in "\n".join(_payload.comparison_lines(ev))
     assert "prior_check" not in decide(study_record(FakeStudy(spec, quiet))).evidence["noise"]  # no prior: nothing to test
 
 
@@ -539,9 +540,9 @@ def test_the_error_is_spent_over_the_looks_the_budget_allows(spec):
     from autotune.core._measure import error_spending
 
     seq = _with(spec, objective=spec.objective.model_copy(update={"confirm_starts": 1, "confirm_max_starts": 4}))
-    assert _recommend.planned_looks(seq) == 4 and _recommend.planned_looks(seq, starts_left=7, sides=3) == 2
-    assert _recommend.planned_looks(seq, starts_left=40, sides=2) == 4 and _recommend.planned_looks(spec) == 1
-    assert _recommend.planned_looks(seq, starts_left=2, sides=3) == 1
+    assert _noise.planned_looks(seq) == 4 and _noise.planned_looks(seq, starts_left=7, sides=3) == 2
+    assert _noise.planned_looks(seq, starts_left=40, sides=2) == 4 and _noise.planned_looks(spec) == 1
+    assert _noise.planned_looks(seq, starts_left=2, sides=3) == 1
     spend = error_spending(0.025, 4)
     assert sum(spend) == pytest.approx(0.025) and spend == sorted(spend) and spend[-1] > 0.6 * 0.025
     assert spend[-1] > 0.025 / 4 * 2  # the last look keeps over twice what an even split gives it
@@ -553,9 +554,9 @@ def test_the_error_is_spent_over_the_looks_the_budget_allows(spec):
     ev = decide(study_record(FakeStudy(seq, four, confirmation={"looks": 4}))).evidence
     assert ev["look"] == 4 and ev["confidence"] == pytest.approx(1 - 2 * spend[3])
     open_ = [*_baseline(spec), *_starts(spec, NGRAM, 29.0, [29.5, 28.5])]
-    assert _recommend.open_question(study_record(FakeStudy(seq, open_, confirmation={"looks": 4}))) is True  # 3%, unresolved
+    assert _decision.open_question(study_record(FakeStudy(seq, open_, confirmation={"looks": 4}))) is True  # 3%, unresolved
     settled = [*_starts(spec, None, 30.0, [30.3, 29.7, 30.1]), *_starts(spec, NGRAM, 10.0, [10.1, 9.9, 10.0])]
-    assert _recommend.open_question(study_record(FakeStudy(seq, settled, confirmation={"looks": 4}))) is False  # change
+    assert _decision.open_question(study_record(FakeStudy(seq, settled, confirmation={"looks": 4}))) is False  # change
 
 
 def test_a_gain_on_too_few_starts_to_state_it_is_not_a_change(spec):
@@ -598,7 +599,7 @@ def test_an_incumbent_slower_than_none_gets_the_faster_of_winner_and_none(spec):
 def test_comparison_lines_say_what_was_compared_and_why_a_keep_is_a_keep(spec):
     inc = _with(spec, incumbent=dict(SUFFIX))
     trials = [*_baseline(spec), *_starts(spec, SUFFIX, 10.2, [10.1, 9.95]), *_starts(spec, NGRAM, 9.7, [10.05, 9.9])]
-    lines = _recommend.comparison_lines(decide(study_record(FakeStudy(inc, trials))).evidence)
+    lines = _payload.comparison_lines(decide(study_record(FakeStudy(inc, trials))).evidence)
     text = "\n".join(lines)
     assert lines[0].startswith("winner vs the deployed config: speedup 1.0")
     assert "confirmation starts decided on: baseline 2, incumbent 2, winner 2" in text
@@ -652,14 +653,14 @@ def test_a_replay_set_that_cannot_measure_acceptance_holds_a_winner_back(spec, t
 def _damping_study(spec, days: float, version: str = "0.32.0", incumbent_rate: float | None = None):
     from types import SimpleNamespace
 
-    from autotune.decide import _recommend
+    from autotune.decide import _decision
     s = spec.model_copy(update={"drift": spec.drift.model_copy(update={"min_days_between_changes": days})})
     trials = [*_baseline(s), *_starts(s, NGRAM, 10.0, [10.1, 9.9], throughput=300.0)]
     st = FakeStudy(s, trials)
     st.caps = SimpleNamespace(version=version)
     d = decide(study_record(st))
     assert d.decision == "change" and d.winner == NGRAM
-    return st, d, _recommend.damp
+    return st, d, _decision.damp
 
 
 def test_damping_holds_a_new_config_back_within_the_window(spec):
@@ -684,15 +685,16 @@ def test_damping_holds_a_new_config_back_within_the_window(spec):
 
 
 def test_the_decision_does_not_import_the_history_that_imports_it():
-    """``_history`` (files, table, diff) builds on ``_recommend`` (the decision and the payload);
-    the other way round would be a cycle."""
+    """``_history`` (files, table, diff) builds on the decision and the payload (``_noise``,
+    ``_decision``, ``_payload``); the other way round would be a cycle."""
     import ast
 
-    src = (ROOT / "autotune" / "decide" / "_recommend.py").read_text()
-    imported = {n.module for n in ast.walk(ast.parse(src)) if isinstance(n, ast.ImportFrom)}
-    assert "autotune.decide._history" not in imported
+    for part in ("_noise", "_decision", "_payload"):
+        src = (ROOT / "autotune" / "decide" / f"{part}.py").read_text()
+        imported = {n.module for n in ast.walk(ast.parse(src)) if isinstance(n, ast.ImportFrom)}
+        assert "autotune.decide._history" not in imported
     hist = (ROOT / "autotune" / "decide" / "_history.py").read_text()
-    assert "autotune.decide._recommend" in {n.module for n in ast.walk(ast.parse(hist)) if isinstance(n, ast.ImportFrom)}
+    assert "autotune.decide._payload" in {n.module for n in ast.walk(ast.parse(hist)) if isinstance(n, ast.ImportFrom)}
 
 
 # --------------------------------------------------------------------------- noise per class
@@ -711,7 +713,7 @@ def test_a_speculative_winner_is_judged_on_the_speculative_starts_noise_not_the_
     wn = d.evidence["winner_vs_none"]
     assert min(3, 2) <= wn["df"] <= 3 + 2 and wn["sd_log"] > 0.04  # Welch: the winner's noise dominates
     assert d.decision == "keep" and d.evidence["keep_reason"].startswith(("inconclusive", "imprecise")), d.reason
-    assert "speculative configs" in "\n".join(_recommend.comparison_lines(d.evidence))
+    assert "speculative configs" in "\n".join(_payload.comparison_lines(d.evidence))
 
 
 def test_a_class_without_repeats_of_its_own_borrows_nothing(spec):
@@ -723,7 +725,7 @@ def test_a_class_without_repeats_of_its_own_borrows_nothing(spec):
     by = d.evidence["noise"]["by_class"]
     assert by["speculative"]["df"] == 0 and by["none"]["df"] == 2 and "borrowed" not in by["speculative"]
     assert d.evidence["winner_vs_none"]["df"] == 0 and d.decision == "keep"
-    assert d.evidence["keep_reason"] == "noise unmeasured" and _recommend.open_question(study_record(FakeStudy(spec, trials)))
+    assert d.evidence["keep_reason"] == "noise unmeasured" and _decision.open_question(study_record(FakeStudy(spec, trials)))
 
 
 def test_two_speculative_configs_compare_on_the_speculative_noise(spec):
@@ -752,11 +754,11 @@ def test_history_written_with_classes_adds_to_each_class(spec):
                "study": {"ss": 7 * 0.02 ** 2, "df": 7},
                "by_class": {"none": {"study": {"ss": 3 * 0.002 ** 2, "df": 3}},
                             "speculative": {"study": {"ss": 4 * 0.05 ** 2, "df": 4}}}}}}
-    prior = _recommend.prior_noise(study_record(st), [rec])
+    prior = _noise.prior_noise(study_record(st), [rec])
     assert (prior["none"].df, prior["speculative"].df, prior["all"].df) == (3, 4, 7)
     assert prior["speculative"].sd == pytest.approx(0.05) and prior["none"].sd == pytest.approx(0.002)
     old = {**rec, "evidence": {"statistic": "median", "noise": {"study": {"ss": 7 * 0.02 ** 2, "df": 7}}}}
-    prior = _recommend.prior_noise(study_record(st), [old])  # written before the classes: its pooled figure, for both
+    prior = _noise.prior_noise(study_record(st), [old])  # written before the classes: its pooled figure, for both
     assert prior["none"].df == prior["speculative"].df == prior["all"].df == 7
 
 
@@ -792,4 +794,4 @@ def test_a_winner_whose_drafts_stop_short_of_its_k_says_so(spec):
                                                                   "expected_next": 150.0}
     ev = decide(study_record(FakeStudy(spec, trials))).evidence
     assert ev["drafts_short"] == {"starts": 2, "of": 2, "position": 3, "k": 4}
-    assert "no draft was accepted past position 3 of K=4" in "\n".join(_recommend.comparison_lines(ev))
+    assert "no draft was accepted past position 3 of K=4" in "\n".join(_payload.comparison_lines(ev))

@@ -84,9 +84,9 @@ def run_study(tmp_path, monkeypatch, w, spec, caps_fields=FIELDS):
     fm = fake_measure(w, weights=spec.replay.weights() if spec.replay.mode == "profile" else None)
     monkeypatch.setattr(_study, "measure", fm)
     study = _study.Study(spec, caps, space, spec.storage, ["vllm", "serve"], tmp_path / "home")
-    from autotune.decide import _recommend
+    from autotune.decide import _decision
 
-    study.confirm_open = lambda: _recommend.open_question(study_record(study))  # as the runner asks it
+    study.confirm_open = lambda: _decision.open_question(study_record(study))  # as the runner asks it
     outcome = study.run()
     return study, outcome, fm
 
@@ -173,8 +173,8 @@ def test_bands_are_searched_verified_and_confirmed(tmp_path, monkeypatch):
     assert confirm and confirm[0].user_attrs["config"] == best.user_attrs["config"]
     assert fm.calls[-1] == best.user_attrs["config"] or fm.calls[-2] == best.user_attrs["config"]
     # the file lists each level: the schedule deployed, its speedup where it speculates
-    from autotune.decide import _recommend
-    rec = _recommend.build(study_record(study), _recommend.decide(study_record(study)), outcome)
+    from autotune.decide import _decision, _payload
+    rec = _payload.build(study_record(study), _decision.decide(study_record(study)), outcome)
     # decided on the traffic-weighted per-level median, whose interval is tight; the median of the
     # pooled 50/50 mixture fell in the gap between the levels (CI 0.74-4.08: "keep")
     ev = rec["evidence"]

@@ -204,7 +204,7 @@ def recommend_show(workload, as_json) -> None:
 
 
 def _show_lines(rec: dict) -> list[str]:
-    from autotune.decide import _recommend
+    from autotune.decide import _payload
 
     out = []
     ev = rec["evidence"]
@@ -221,7 +221,7 @@ def _show_lines(rec: dict) -> list[str]:
                           if rec.get("llama_server_env_missing") else ""))
     else:
         out.append(f"  add to vllm serve:  {' '.join(_q(a) for a in rec['vllm_serve_args']) or '(nothing)'}")
-    for line in _recommend.comparison_lines(ev):  # which comparison, starts per side, why a keep is a keep
+    for line in _payload.comparison_lines(ev):  # which comparison, starts per side, why a keep is a keep
         out.append(f"  {line}")
     for line in _per_level_lines(rec.get("per_level")):
         out.append(f"  {line}")

@@ -22,7 +22,7 @@ def report(workload, out_dir, spec_path, storage, study_name) -> None:
 
     from autotune.core._settings import get_settings
     from autotune.core._store import safe_url
-    from autotune.decide import _recommend
+    from autotune.decide import _payload
     from autotune.report._report import ReportError, build
     from autotune.search._record import read_study
 
@@ -38,7 +38,7 @@ def report(workload, out_dir, spec_path, storage, study_name) -> None:
         fail(f"no study for workload {workload!r} in {safe_url(url)}", EXIT_INPUT)
     st = optuna.load_study(study_name=names[-1], storage=url)
     try:
-        rec = _recommend.load(settings.recommendations_dir or spec.recommendations_dir, workload)
+        rec = _payload.load(settings.recommendations_dir or spec.recommendations_dir, workload)
         if (rec.get("study") or {}).get("name") not in (None, names[-1]):
             rec = None  # the recommendation of another study (other inputs): not this report's
     except (FileNotFoundError, ValueError):  # none, or not one autotune wrote: the report without it

@@ -42,7 +42,7 @@ from autotune.core._settings import Settings, get_settings
 from autotune.core._signals import StopState, graceful_stop, signame_of
 from autotune.core._spec import BudgetSpec, SpecError, find_spec, load_spec
 from autotune.core._store import Store, StoreError, safe_url
-from autotune.decide import _history, _recommend
+from autotune.decide import _decision, _history, _noise, _payload
 from autotune.engines import _affinity, _recovery, _registry
 from autotune.engines._engine import check_compile_cache
 from autotune.engines._probe import ProbeError
@@ -137,7 +137,7 @@ def last_success(store, spec, settings: Settings) -> str | None:
     if row and row.get("finished_at"):
         return row["finished_at"]
     try:
-        rec = _recommend.load(recommendations_dir(spec, settings), spec.workload)
+        rec = _payload.load(recommendations_dir(spec, settings), spec.workload)
         return iso(parse_iso(rec["created_at"]))
     except (FileNotFoundError, KeyError, ValueError):
         return None
@@ -301,9 +301,9 @@ def _locked(req: RunRequest, spec, settings: Settings, echo: Echo, on_event, loc
         for note in st.notes:
             echo(f"  {note}")
         nights = _history.history(spec.workload, rec_dir, store)  # earlier nights' start-to-start variance
-        prior = _recommend.prior_noise(study_record(st), nights)["speculative"]  # the predictor's intervals carry it too
+        prior = _noise.prior_noise(study_record(st), nights)["speculative"]  # the predictor's intervals carry it too
         st.set_noise_prior(prior.sd, prior.df)
-        st.confirm_open = lambda: _recommend.open_question(study_record(st), nights)
+        st.confirm_open = lambda: _decision.open_question(study_record(st), nights)
         try:
             outcome = st.run()
         except TrialFailed as e:
@@ -326,8 +326,8 @@ def _locked(req: RunRequest, spec, settings: Settings, echo: Echo, on_event, loc
             echo(f"worker done: {outcome.stopped_because}; {outcome.server_starts} server starts in the study")
             return EXIT_OK
         record = study_record(st)  # the study as decide, trust and the payload read it
-        decision = _recommend.damp(_recommend.decide(record, nights), record, previous)
-        payload = _recommend.build(record, decision, outcome)
+        decision = _decision.damp(_decision.decide(record, nights), record, previous)
+        payload = _payload.build(record, decision, outcome)
         payload["drift"] = _history.drift_block(record, payload, previous, spec.drift.min_acceptance_rate)
         payload["fidelity"] = record.fidelity or _gate.not_checked(
             "no production telemetry in the spec (production.telemetry)")
@@ -365,7 +365,7 @@ def _locked(req: RunRequest, spec, settings: Settings, echo: Echo, on_event, loc
     w = ev.get("winner", {}).get("tpot_ms")
     echo((f"  baseline {b:.2f} ms" if b is not None else "  baseline: no usable start")
          + (f", winner {w:.2f} ms" if w else ""))
-    for line in _recommend.comparison_lines(ev):
+    for line in _payload.comparison_lines(ev):
         echo(f"  {line}")
     for line in (payload.get("per_level") or {}).get("advice") or []:
         echo(f"  note: {line}")
@@ -423,7 +423,7 @@ def drift_result(spec, replay: str | None = None, telemetry_path: str | None = N
     """The drift check of one workload (also used by the daemon); raises ValueError on bad input."""
     rec_dir = recommendations_dir(spec, get_settings())
     try:
-        rec = _recommend.load(rec_dir, spec.workload)  # ValueError naming the file: not one autotune wrote
+        rec = _payload.load(rec_dir, spec.workload)  # ValueError naming the file: not one autotune wrote
     except FileNotFoundError:
         rec = None
     rs = _replayset.load(replay or spec.replay.path)
