@@ -10,6 +10,7 @@ from autotune.core._spec import SpecError, StudySpec, load_spec
 from autotune.decide._decision import Decision, decide
 from autotune.engines._engine import ServerStartError, VllmServer, build_argv
 from autotune.engines._probe import Capabilities, probe
+from autotune.search._record import StudyRecord, TrialRecord, read_study, study_record
 from autotune.search._space import SearchSpace
 from autotune.search._study import Study, StudyOutcome
 from autotune.traffic._replayset import ReplayRequest, ReplaySet, ReplaySetError
@@ -18,6 +19,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Capabilities", "Decision", "RatioCI", "ReplayRequest", "ReplaySet", "ReplaySetError", "SearchSpace",
-    "ServerStartError", "Settings", "SpecError", "Study", "StudyOutcome", "StudySpec", "VllmServer",
-    "bootstrap_ratio_ci", "build_argv", "decide", "detect_stall", "get_settings", "load_spec", "probe", "summarize",
+    "ServerStartError", "Settings", "SpecError", "Study", "StudyOutcome", "StudyRecord", "StudySpec", "TrialRecord",
+    "VllmServer", "bootstrap_ratio_ci", "build_argv", "decide", "detect_stall", "get_settings", "load_spec", "probe",
+    "read_study", "study_record", "summarize",
 ]
