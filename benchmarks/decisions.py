@@ -3,7 +3,7 @@
 The decision's promise (docs/decisions.md): at most a 2.5% chance per night of calling a config no
 faster than yours faster (false ``change``), the same for calling yours slower than no speculation
 (false ``disable``). This script checks it the way an outside reviewer would, with
-``autotune.decide._recommend.decide`` itself fed simulated server starts of known truth, the
+``autotune.decide._decision.decide`` itself fed simulated server starts of known truth, the
 confirmation run as ``Study.confirm`` runs it (interleaved rounds while the decision is open, the
 looks sized to the budget left, ``confirm_reserve``), on the shipped specs' own budgets:
 
@@ -224,7 +224,8 @@ def night_spec(base, prior_cv: float | None, incumbent):
 def simulate(base, scenario: str, cv: float, tail, prior_cv, rng) -> tuple[str, bool, int]:
     """One night: the search's starts, the confirmation rounds as ``Study.confirm`` runs them,
     the decision. Returns (decision, a change to the truly best config, server starts)."""
-    from autotune.decide import _recommend
+    from autotune.decide import _decision
+    from autotune.search import study_record
 
     inc_t, cand_t, _ = SCENARIOS[scenario]
     incumbent = INCUMBENT if inc_t is not None else None
@@ -254,14 +255,14 @@ def simulate(base, scenario: str, cv: float, tail, prior_cv, rng) -> tuple[str, 
     looks = o.planned_looks(budget - night.starts, len(sides))
     night.confirmation["looks"] = looks
     for i in range(min(o.max_confirm_starts(), looks)):
-        if i >= o.confirm_starts and not _recommend.open_question(night):
+        if i >= o.confirm_starts and not _decision.open_question(study_record(night)):
             break
         if night.starts + len(sides) > budget:
             break
         for key in sides:
             start(key, "confirm")
         night.confirmation["rounds"] = i + 1
-    d = _recommend.decide(night).decision
+    d = _decision.decide(study_record(night)).decision
     best_key = min(truth, key=truth.get)
     return d, d == "change" and wkey == best_key and truth[best_key] < min(truth[NONE], inc_t or math.inf), night.starts
 
@@ -414,7 +415,7 @@ def write_docs(results: dict) -> None:
 
 Does the decision keep its promise (at most 2.5% false `change`, at most 2.5% false `disable`,
 per night) on a machine whose noise the spec's prior does not describe, and does it find a real
-gain within the shipped budget? `autotune.decide._recommend.decide` itself on simulated server
+gain within the shipped budget? `autotune.decide._decision.decide` itself on simulated server
 starts of known truth, the confirmation run as `Study.confirm` runs it (interleaved rounds while
 the decision is open, the looks sized to the budget left after the search), {results['nights']}
 nights per cell, on every distinct budget of `studies/*.yaml`:

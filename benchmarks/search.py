@@ -715,7 +715,7 @@ def add_study(spec_path: str) -> dict:
     from autotune.core._spec import load_spec
 
     from autotune.core._settings import get_settings
-    from autotune.decide import _recommend
+    from autotune.decide import _payload
     from autotune.ops._runner import recommendations_dir
 
     spec = load_spec(spec_path)
@@ -745,7 +745,7 @@ def add_study(spec_path: str) -> dict:
                             "ci": t.user_attrs.get("predicted_ci"), "measured": _objective_like_prediction(t)}
                            for t in search if "predicted_tpot_ms" in t.user_attrs]}
     try:
-        rec = _recommend.load(recommendations_dir(spec, get_settings()), spec.workload)
+        rec = _payload.load(recommendations_dir(spec, get_settings()), spec.workload)
     except FileNotFoundError:
         rec = {}
     if (rec.get("study") or {}).get("name") == names[-1]:

@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from autotune.core import _measure  # noqa: E402
 from autotune.core._spec import NOISE_CLASSES  # noqa: E402
-from autotune.decide._recommend import noise_class  # noqa: E402
+from autotune.decide._noise import noise_class  # noqa: E402
 from autotune.search._levels import measurement_objective  # noqa: E402
 from autotune.search._space import NONE  # noqa: E402
 

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from autotune.cli._main import EXIT_INPUT, main
-from autotune.decide._recommend import SCHEMA, write_atomic
+from autotune.decide._payload import SCHEMA, write_atomic
 
 ROOT = Path(__file__).resolve().parent.parent
 STUDIES = ROOT / "studies"

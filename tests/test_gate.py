@@ -16,6 +16,7 @@ import pytest
 
 from autotune.core._spec import FidelityTolerances, ProductionSpec
 from autotune.engines import _metrics
+from autotune.search import StudyRecord, TrialRecord, study_record
 from autotune.trust import _gate
 from autotune.trust import _telemetry as tel
 
@@ -116,10 +117,7 @@ def _study(tmp_path, prod_file, incumbent, trials):
     spec = SimpleNamespace(production=ProductionSpec(telemetry=str(prod_file)), incumbent=incumbent,
                            replay=SimpleNamespace(concurrency=4))
 
-    def trials_of(config_key=None, **_):
-        return [t for t in trials if t.user_attrs["config_key"] == config_key]
-
-    return SimpleNamespace(spec=spec, trials=trials_of)
+    return StudyRecord(name=None, spec=spec, all_trials=tuple(trials))
 
 
 def test_check_study_gates_on_the_incumbent_trial(tmp_path):
@@ -128,15 +126,15 @@ def test_check_study_gates_on_the_incumbent_trial(tmp_path):
     inc = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
     from autotune.search._space import canonical
 
-    good = SimpleNamespace(number=1, user_attrs={"config_key": canonical(inc), "role": "search",
-                                                 "measurement": measurement(*REPLAY_CODE)})
+    good = TrialRecord(number=1, state="COMPLETE", config_key=canonical(inc), role="search",
+                       measurement=measurement(*REPLAY_CODE))
     st = _study(tmp_path, f, inc, [good])
     st.spec.production = ProductionSpec(telemetry=str(f), tolerances=TIMINGS_NOT_JUDGED)
     block = _gate.check_study(st)
     assert block["checked"] and block["passed"] and block["replay"]["trial"] == 1
     assert any("replay reproduces production" in line for line in _gate.lines(block))
-    bad = SimpleNamespace(number=1, user_attrs={"config_key": canonical(inc), "role": "search",
-                                                "measurement": measurement(*PROD_CHAT)})
+    bad = TrialRecord(number=1, state="COMPLETE", config_key=canonical(inc), role="search",
+                      measurement=measurement(*PROD_CHAT))
     with pytest.raises(_gate.FidelityFailed) as e:
         _gate.check_study(_study(tmp_path, f, inc, [bad]))
     assert "acceptance_length off" in str(e.value)
@@ -201,7 +199,7 @@ def _fake_study(tmp_path, monkeypatch, incumbent_window: tuple[str, str, str]):
                                                                      "prompt_lookup_min", "prompt_lookup_max"],
                         arctic_inference=False)
     return _study.Study(spec, caps, SearchSpace.build(spec.space, caps), spec.storage, ["vllm", "serve"],
-                        tmp_path / "home", fidelity_check=_gate.check_study), calls
+                        tmp_path / "home", fidelity_check=_gate.fidelity_check), calls
 
 
 def test_study_stops_before_the_search_when_the_incumbent_replay_is_off(tmp_path, monkeypatch):
@@ -235,7 +233,7 @@ def test_recommendation_trust_fields_from_the_gated_study(tmp_path, monkeypatch)
     st, _ = _fake_study(tmp_path, monkeypatch, REPLAY_CODE)
     st.run()
     inc = st.spec.incumbent
-    b = _drift.trust_blocks(st, {"speculative_config": inc}, st.fidelity)
+    b = _drift.trust_blocks(study_record(st), {"speculative_config": inc}, st.fidelity)
     p = b["predicted"]
     assert p["deployed_k"] == 4 and p["acceptance_length"] == pytest.approx(5.0)
     assert p["tokens_per_step"] == pytest.approx(st.fidelity["production"]["tokens_per_step"])

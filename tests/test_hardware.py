@@ -9,10 +9,10 @@ import pytest
 
 from _synthetic import Workload
 from test_search_study import RATES, fake_measure, make_spec
-from autotune.decide import _recommend
+from autotune.decide import _decision, _payload
 from autotune.engines import _hardware
 from autotune.engines._probe import Capabilities
-from autotune.search import _study, _trials
+from autotune.search import _study, _trials, study_record
 from autotune.search._space import SearchSpace
 
 
@@ -86,7 +86,7 @@ def test_a_worker_on_another_gpu_model_is_refused(tmp_path, monkeypatch, pg_url)
     monkeypatch.setattr(_study, "measure", fake_measure(Workload(rates=RATES)))
     leader = _open(spec, pg_url, tmp_path / "home", "1x NVIDIA H200")
     outcome = leader.run()
-    assert _recommend.build(leader, _recommend.decide(leader), outcome)["valid_for"]["hardware"] == "1x NVIDIA H200"
+    assert _payload.build(study_record(leader), _decision.decide(study_record(leader)), outcome)["valid_for"]["hardware"] == "1x NVIDIA H200"
     assert leader.study.user_attrs["hardware"] == "1x NVIDIA H200"
     assert {t.user_attrs["hardware"] for t in leader.trials()} == {"1x NVIDIA H200"}
     # a worker on the same hardware finds the same study

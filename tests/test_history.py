@@ -16,8 +16,9 @@ from click.testing import CliRunner
 
 from autotune.core import _files
 from autotune.decide import _history
-from autotune.decide import _recommend
+from autotune.decide._payload import SCHEMA, serve_args_for
 from autotune.cli._main import main
+from autotune.search import study_record
 from autotune.search._space import canonical
 from autotune.core._spec import load_spec
 from autotune.core._store import Store
@@ -29,12 +30,12 @@ SUFFIX = {"method": "suffix", "num_speculative_tokens": 24, "suffix_decoding_max
 
 
 def _payload(decision="change", config=NGRAM, created="2026-11-28T02:00:00+00:00", speedup=2.5, drift=None):
-    return {"schema": _recommend.SCHEMA, "workload": "code", "decision": decision, "reason": f"{decision} because",
+    return {"schema": SCHEMA, "workload": "code", "decision": decision, "reason": f"{decision} because",
             "speculative_config": config, "created_at": created,
             "evidence": {"speedup": speedup, "speedup_ci": [speedup - 0.2, speedup + 0.2], "confidence": 0.95,
                          "statistic": "median", "baseline": {"tpot_ms": 30.0},
                          "winner": {"config": config, "tpot_ms": 30.0 / speedup}},
-            "vllm_serve_args": _recommend.serve_args_for(config), "expires_at": "2026-12-06T02:00:00+00:00",
+            "vllm_serve_args": serve_args_for(config), "expires_at": "2026-12-06T02:00:00+00:00",
             "study": {"name": "autotune-code-abc", "server_starts": 5}, "replay_set": {"digest": created[:10]},
             "valid_for": {"model": "/m", "vllm_version": "0.32.0"}, **({"drift": drift} if drift else {})}
 
@@ -127,7 +128,7 @@ def _spec(incumbent):
 
 def test_drift_when_incumbent_acceptance_falls_below_threshold():
     st = _Study(_spec(NGRAM), [_trial(NGRAM, accepted=30, draft_tokens=100, drafts=25)])
-    d = _history.drift_block(st, _payload(config=NGRAM), _payload(config=NGRAM), threshold=0.4)
+    d = _history.drift_block(study_record(st), _payload(config=NGRAM), _payload(config=NGRAM), threshold=0.4)
     assert d["incumbent_acceptance_rate"] == pytest.approx(0.3)
     assert d["incumbent_acceptance_length"] == pytest.approx(2.2)
     assert d["acceptance_below_threshold"] and d["drifted"] and not d["winner_changed"]
@@ -136,19 +137,19 @@ def test_drift_when_incumbent_acceptance_falls_below_threshold():
 
 def test_no_drift_when_incumbent_still_accepts_and_winner_is_the_same():
     st = _Study(_spec(NGRAM), [_trial(NGRAM, accepted=70, draft_tokens=100, drafts=25)])
-    d = _history.drift_block(st, _payload(config=NGRAM), _payload(config=NGRAM), threshold=0.4)
+    d = _history.drift_block(study_record(st), _payload(config=NGRAM), _payload(config=NGRAM), threshold=0.4)
     assert not d["drifted"] and d["notes"] == [] and d["previous"]["speculative_config"] == NGRAM
 
 
 def test_drift_when_the_winner_changes():
     st = _Study(_spec(NGRAM), [_trial(NGRAM, accepted=70, draft_tokens=100, drafts=25)])
-    d = _history.drift_block(st, _payload(config=SUFFIX), _payload(config=NGRAM), threshold=0.4)
+    d = _history.drift_block(study_record(st), _payload(config=SUFFIX), _payload(config=NGRAM), threshold=0.4)
     assert d["winner_changed"] and not d["drifted"] and not d["acceptance_below_threshold"]  # a change, not drift
     assert d["notes"] == ["recommended config changed: ngram K=4 w=2-4 -> suffix K=24 (decision change -> change)"]
 
 
 def test_unmeasured_incumbent_is_said():
-    d = _history.drift_block(_Study(_spec(NGRAM), []), _payload(), None, threshold=0.4)
+    d = _history.drift_block(study_record(_Study(_spec(NGRAM), [])), _payload(), None, threshold=0.4)
     assert d["incumbent_acceptance_rate"] is None and not d["drifted"]
     assert "was not measured" in d["notes"][0]
 

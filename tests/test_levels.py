@@ -11,6 +11,7 @@ import optuna
 import pytest
 
 from autotune.cli._main import _per_level_lines
+from autotune.search import study_record
 from autotune.search._levels import level_evidence
 from autotune.search._space import NONE, canonical
 from autotune.search._study import Study
@@ -68,7 +69,7 @@ DOCS = (ROOT / "docs" / "notes" / "2026-11-30-h200-rounds-1-2.md").read_text()
 def test_h200_chat_keep_says_that_concurrency_1_alone_would_speculate():
     """chat (alpha 0.35): the weighted study keeps no speculation, as ngram K=8 loses at 32 in
     flight; at 1 in flight it wins, which the file must say."""
-    ev = level_evidence(_h200("chat-h200"), NONE, "median", 0.95)
+    ev = level_evidence(study_record(_h200("chat-h200")), NONE, "median", 0.95)
     one, many = ev["levels"]["1"], ev["levels"]["32"]
     base1, base32 = _median("chat-h200", None, "1"), _median("chat-h200", None, "32")
     fastest1 = min(_speculative("chat-h200"), key=lambda c: _median("chat-h200", c, "1"))
@@ -94,7 +95,7 @@ def test_h200_chat_keep_says_that_concurrency_1_alone_would_speculate():
 
 
 def test_h200_code_bands_are_best_at_1_and_near_best_at_32():
-    ev = level_evidence(_h200("code-h200"), canonical(CODE_BANDS), "median", 0.95)
+    ev = level_evidence(study_record(_h200("code-h200")), canonical(CODE_BANDS), "median", 0.95)
     one, many = ev["levels"]["1"], ev["levels"]["32"]
     tp = {lv: {canonical(c): _median("code-h200", c, lv) for c in _speculative("code-h200")} for lv in ("1", "32")}
     assert min(tp["1"], key=tp["1"].get) == canonical(CODE_BANDS)
@@ -125,14 +126,14 @@ def test_infeasible_and_stalled_trials_do_not_count_and_a_study_without_levels_h
         _frozen(suffix, {"1": {"tpot_ms": _tp(1.0)}, "8": {"tpot_ms": _tp(1.0)}}, feasible=False),
         _frozen(NGRAM8, {"1": {"tpot_ms": _tp(0.5)}, "8": {"tpot_ms": _tp(0.5)}}, stalled=True),
     ])
-    ev = level_evidence(st, canonical(NGRAM8), "median", 0.95)
+    ev = level_evidence(study_record(st), canonical(NGRAM8), "median", 0.95)
     assert [ev["levels"][L]["best"]["config"] for L in ("1", "8")] == [NGRAM8, NGRAM8]
     assert ev["levels"]["1"]["best"]["server_starts"] == 1
     assert ev["levels"]["1"]["best"]["tpot_ms"] == pytest.approx(statistics.median(_tp(3.0)))
     assert ev["levels"]["8"]["weight"] == 0.7 and ev["advice"] == []
     assert ev["levels"]["1"]["recommended"]["speedup"] == pytest.approx(5.0 / 3.0, rel=0.01)
     no_levels = _Study([_frozen(None, {}), _frozen(NGRAM8, {})])
-    assert level_evidence(no_levels, canonical(NGRAM8), "median", 0.95) is None
+    assert level_evidence(study_record(no_levels), canonical(NGRAM8), "median", 0.95) is None
     assert _per_level_lines(None) == []
 
 

@@ -17,8 +17,10 @@ import pytest
 import yaml
 
 from autotune.core import _files
-from autotune.decide import _recommend
-from autotune.decide._recommend import comparison_lines, config_yaml, decide, serve_args_for, write_atomic
+from autotune.decide import _decision, _noise, _payload
+from autotune.decide._decision import decide
+from autotune.decide._payload import comparison_lines, config_yaml, serve_args_for, write_atomic
+from autotune.search import study_record
 from autotune.search._space import NONE, canonical
 from autotune.core._spec import load_spec
 from autotune.search._study import Study
@@ -32,7 +34,7 @@ SUFFIX = {"method": "suffix", "num_speculative_tokens": 8, "suffix_decoding_max_
 
 # --------------------------------------------------------------------------- write_atomic
 
-OLD = {"schema": _recommend.SCHEMA, "workload": "code", "decision": "keep", "reason": "previous night"}
+OLD = {"schema": _payload.SCHEMA, "workload": "code", "decision": "keep", "reason": "previous night"}
 
 
 @pytest.fixture
@@ -54,7 +56,7 @@ def test_write_atomic_writes_json(tmp_path):
     assert text.endswith("}\n")
     assert json.loads(text) == {"decision": "keep", "path": "/x/y", "nested": {"k": [1, 2]}}
     assert _leftovers(p.parent, p) == []
-    assert _recommend.load(tmp_path / "new" / "dir", "code") == json.loads(text)
+    assert _payload.load(tmp_path / "new" / "dir", "code") == json.loads(text)
 
 
 def test_write_atomic_replaces_previous(target):
@@ -148,20 +150,20 @@ def test_read_only_directory_leaves_previous_file_intact():
 def test_load_of_a_file_that_is_no_recommendation_names_it(tmp_path, text, why):
     (tmp_path / "code.json").write_text(text)
     with pytest.raises(ValueError) as ei:
-        _recommend.load(tmp_path, "code")
+        _payload.load(tmp_path, "code")
     assert str(ei.value).startswith(f"{tmp_path / 'code.json'}: ") and why in str(ei.value)
 
 
 def test_load_of_broken_json_names_file_and_line(tmp_path):
     (tmp_path / "code.json").write_text('{\n  "decision": "keep",\n  oops\n}\n')
     with pytest.raises(ValueError) as ei:
-        _recommend.load(tmp_path, "code")
+        _payload.load(tmp_path, "code")
     assert str(ei.value).startswith(f"{tmp_path / 'code.json'}:3: not valid JSON")
 
 
 def test_load_missing_names_the_file(tmp_path):
     with pytest.raises(FileNotFoundError) as ei:
-        _recommend.load(tmp_path, "chat")
+        _payload.load(tmp_path, "chat")
     assert str(tmp_path / "chat.json") in str(ei.value) and "'chat'" in str(ei.value)
 
 
@@ -220,8 +222,8 @@ def _trial(config: dict | None, tpot: list[float], *, role: str = "search", thro
 
 
 class FakeStudy:
-    """What decide() reads (.spec, .trials(config_key=), .best()), over real FrozenTrials; trials,
-    best and objective_of are Study's own, reading an in-memory Optuna study."""
+    """What ``study_record`` reads for decide() (.study, .spec, .best(search_only=True)), over real
+    FrozenTrials; trials, best and objective_of are Study's own, reading an in-memory Optuna study."""
 
     trials = Study.trials
     best, objective_of = Study.best, Study.objective_of
@@ -260,7 +262,7 @@ def _with(spec, **update):
 def test_change_when_winner_is_clearly_faster_than_no_speculation(spec):
     trials = [*_baseline(spec), *_starts(spec, NGRAM, 10.0, [10.1, 9.9], throughput=290.0),
               _trial(SUFFIX, _tpot(20.0), throughput=150.0, guards=spec.guards)]
-    d = decide(FakeStudy(spec, trials))
+    d = decide(study_record(FakeStudy(spec, trials)))
     assert d.decision == "change", d.reason
     assert d.winner == NGRAM
     assert "ngram K=4" in d.reason and "faster" in d.reason and "than no speculation" in d.reason
@@ -283,7 +285,7 @@ def test_the_selection_start_is_not_decided_on(spec):
     """The search start that picked the winner was lucky (10 ms); its fresh starts run at the
     baseline's speed: the decision sees no gain (the old rule pooled the lucky start in)."""
     trials = [*_baseline(spec), *_starts(spec, NGRAM, 10.0, [30.2, 29.8])]
-    d = decide(FakeStudy(spec, trials))
+    d = decide(study_record(FakeStudy(spec, trials)))
     assert d.decision == "keep" and d.winner is None
     assert d.evidence["speedup"] == pytest.approx(1.0, abs=0.02)
     assert "keep serving without speculation" in d.reason
@@ -291,7 +293,7 @@ def test_the_selection_start_is_not_decided_on(spec):
 
 def test_keep_when_winner_equals_baseline(spec):
     trials = [*_baseline(spec), *_starts(spec, NGRAM, 30.0, [30.3, 29.7])]
-    d = decide(FakeStudy(spec, trials))
+    d = decide(study_record(FakeStudy(spec, trials)))
     assert d.decision == "keep" and d.winner is None
     assert d.evidence["speedup_ci"][0] <= 1.0 <= d.evidence["speedup_ci"][1]
     assert d.evidence["keep_reason"] in ("not faster", "inconclusive after 4 starts")
@@ -304,7 +306,7 @@ def test_equivalence_guard_blocks_a_fast_winner(spec):
               _trial(NGRAM, _tpot(10.1), role="confirm", compared=16, matched=16, throughput=300.0, guards=spec.guards)]
     st = FakeStudy(spec, trials)
     assert st.best().user_attrs["config"] == NGRAM
-    d = decide(st)
+    d = decide(study_record(st))
     assert d.decision == "keep" and d.winner is None
     assert "fails a guard" in d.reason and "matched the baseline on 46/48" in d.reason
     assert d.evidence["speedup"] == pytest.approx(3.0, rel=0.03)  # fast, yet not recommended
@@ -314,18 +316,18 @@ def test_equivalence_guard_blocks_a_fast_winner(spec):
 def test_failed_requests_guard(spec):
     trials = [*_baseline(spec), *_starts(spec, NGRAM, 10.0, [10.0], throughput=300.0),
               _trial(NGRAM, _tpot(10.0), role="confirm", throughput=300.0, failed=2, guards=spec.guards)]
-    d = decide(FakeStudy(spec, trials))
+    d = decide(study_record(FakeStudy(spec, trials)))
     assert d.decision == "keep"
     assert "2 failed requests (max 0)" in d.reason
 
 
 def test_too_few_greedy_requests_compared_is_not_checked_and_blocks_change(spec):
     trials = [*_baseline(spec), *_starts(spec, NGRAM, 10.0, [10.1, 9.9], compared=4)]
-    d = decide(FakeStudy(spec, trials))
+    d = decide(study_record(FakeStudy(spec, trials)))
     assert d.decision == "keep" and "greedy equivalence not checked: 12 greedy requests compared, 16 needed" in d.reason
     assert d.evidence["equivalence"]["checked"] is False
     opted_out = _with(spec, guards=spec.guards.model_copy(update={"equivalence_required": False}))
-    assert decide(FakeStudy(opted_out, trials)).decision == "change"
+    assert decide(study_record(FakeStudy(opted_out, trials))).decision == "change"
 
 
 def test_sampled_traffic_gets_greedy_copies_for_the_equivalence_check(spec):
@@ -361,7 +363,7 @@ def test_change_needs_the_winner_to_beat_the_incumbent_not_just_no_speculation(s
     trials = [*_baseline(spec), *_starts(spec, SUFFIX, 10.2, [10.1, 9.95]), *_starts(spec, NGRAM, 9.7, [10.05, 9.9])]
     st = FakeStudy(inc, trials)
     assert st.best().user_attrs["config"] == NGRAM  # the search picked it
-    d = decide(st)
+    d = decide(study_record(st))
     assert d.decision == "keep" and d.winner == SUFFIX
     ev = d.evidence
     assert ev["comparison"] == "winner_vs_incumbent"
@@ -374,7 +376,7 @@ def test_change_needs_the_winner_to_beat_the_incumbent_not_just_no_speculation(s
 def test_change_when_the_winner_beats_the_incumbent(spec):
     inc = _with(spec, incumbent=dict(SUFFIX))
     trials = [*_baseline(spec), *_starts(spec, SUFFIX, 20.0, [20.2, 19.8]), *_starts(spec, NGRAM, 10.0, [10.1, 9.9])]
-    d = decide(FakeStudy(inc, trials))
+    d = decide(study_record(FakeStudy(inc, trials)))
     assert d.decision == "change" and d.winner == NGRAM
     assert d.evidence["comparison"] == "winner_vs_incumbent" and d.evidence["speedup"] == pytest.approx(2.0, rel=0.03)
     assert "than the deployed suffix K=8" in d.reason
@@ -384,9 +386,9 @@ def test_min_gain_holds_a_small_real_gain_back(spec):
     inc = _with(spec, incumbent=dict(SUFFIX))
     trials = [*_baseline(spec), *_starts(spec, SUFFIX, 21.0, [21.0, 21.1, 20.9]),
               *_starts(spec, NGRAM, 20.0, [20.0, 20.05, 19.95])]
-    assert decide(FakeStudy(inc, trials)).decision == "change"  # 5% faster, clearly
+    assert decide(study_record(FakeStudy(inc, trials))).decision == "change"  # 5% faster, clearly
     gain = _with(inc, objective=inc.objective.model_copy(update={"min_gain": 0.10}))
-    d = decide(FakeStudy(gain, trials))
+    d = decide(study_record(FakeStudy(gain, trials)))
     assert d.decision == "keep" and d.evidence["keep_reason"] == "not faster"
     assert "not faster than the deployed suffix K=8 by more than 10%" in d.reason
 
@@ -394,12 +396,12 @@ def test_min_gain_holds_a_small_real_gain_back(spec):
 def test_disable_only_when_the_incumbent_is_shown_slower(spec):
     inc = _with(spec, incumbent=dict(NGRAM))
     slower = [*_baseline(spec), *_starts(spec, NGRAM, 36.0, [36.3, 35.8])]
-    d = decide(FakeStudy(inc, slower))
+    d = decide(study_record(FakeStudy(inc, slower)))
     assert d.decision == "disable" and d.winner == NGRAM  # what to roll back from; build() deploys nothing
     assert "slower than no speculation" in d.reason and "disable the deployed speculation" in d.reason
     # 5% faster than no speculation on noisy starts: not shown faster, and not shown slower either
     noisy = [*_starts(spec, None, 30.0, [33.0, 27.5]), *_starts(spec, NGRAM, 28.5, [31.5, 26.0])]
-    d = decide(FakeStudy(inc, noisy))
+    d = decide(study_record(FakeStudy(inc, noisy)))
     assert d.decision == "keep" and d.winner == NGRAM
     assert "not shown slower than no speculation" in d.reason
 
@@ -407,7 +409,7 @@ def test_disable_only_when_the_incumbent_is_shown_slower(spec):
 def test_keep_when_incumbent_is_still_the_best(spec):
     inc = _with(spec, incumbent=dict(NGRAM))
     trials = [*_baseline(spec), *_starts(spec, NGRAM, 10.0, [10.1, 9.9], throughput=300.0)]
-    d = decide(FakeStudy(inc, trials))
+    d = decide(study_record(FakeStudy(inc, trials)))
     assert d.decision == "keep" and d.winner == NGRAM
     assert d.reason.startswith("the deployed config ngram K=4 w=2-4 is still the best measured")
     assert d.evidence["comparison"] == "incumbent_vs_none" and d.evidence["keep_reason"] == "incumbent is the best"
@@ -415,14 +417,14 @@ def test_keep_when_incumbent_is_still_the_best(spec):
 
 def test_no_candidate_is_not_a_disable_unless_the_incumbent_is_shown_slower(spec):
     inc = _with(spec, incumbent=dict(NGRAM))
-    d = decide(FakeStudy(inc, _baseline(spec)))
+    d = decide(study_record(FakeStudy(inc, _baseline(spec))))
     assert d.decision == "keep" and d.winner == NGRAM
     assert "no speculative configuration completed" in d.reason
     assert "winner" not in d.evidence and d.evidence["baseline"]["server_starts"] == 3
 
 
 def test_no_candidate_and_no_incumbent_keeps_no_speculation(spec):
-    d = decide(FakeStudy(spec, _baseline(spec)))
+    d = decide(study_record(FakeStudy(spec, _baseline(spec))))
     assert d.decision == "keep" and d.winner is None
     assert canonical(d.winner) == NONE
 
@@ -430,18 +432,18 @@ def test_no_candidate_and_no_incumbent_keeps_no_speculation(spec):
 def test_a_skipped_confirmation_is_stated_and_blocks_change(spec):
     trials = [*_baseline(spec), *_starts(spec, NGRAM, 10.0, [])]
     why = "the server-start budget (4) was spent after 0 of 1 confirmation rounds"
-    d = decide(FakeStudy(spec, trials, confirmation={"skipped": why, "fresh_requests": True}))
+    d = decide(study_record(FakeStudy(spec, trials, confirmation={"skipped": why, "fresh_requests": True})))
     assert d.decision == "keep" and d.evidence["keep_reason"] == "not confirmed"
     assert "was not confirmed on fresh starts (" + why in d.reason
     assert d.evidence["confirmation"]["skipped"] == why
     no_confirm = _with(spec, objective=spec.objective.model_copy(update={"confirm_starts": 0}))
-    d = decide(FakeStudy(no_confirm, trials))
+    d = decide(study_record(FakeStudy(no_confirm, trials)))
     assert d.decision == "keep" and "objective.confirm_starts is 0" in d.reason
 
 
 def test_all_stalled_confirmation_starts_are_inconclusive(spec):
     trials = [*_baseline(spec), *_starts(spec, NGRAM, 10.0, [10.1, 9.9], stalled=True)]
-    d = decide(FakeStudy(spec, trials))
+    d = decide(study_record(FakeStudy(spec, trials)))
     assert d.decision == "keep" and d.evidence["keep_reason"] == "not confirmed"
     assert "TTFT stalls" in d.reason and "inconclusive" in d.reason
 
@@ -468,14 +470,14 @@ def test_earlier_nights_plan_the_confirmation_but_never_narrow_an_interval(spec)
     hist = [night(1), night(2), night(3, model="other"), {**night(2)},  # a repeat of a study counts once
             night(5, hardware="1x NVIDIA H200"),  # another machine's start-to-start noise is not ours
             {**night(4), "study": {"name": "tonight"}}]  # a rerun of tonight's own study: already counted
-    d = decide(st, hist)
+    d = decide(study_record(st), hist)
     ev = d.evidence
     assert ev["noise"]["prior_df"] == 8 and ev["noise"]["df"] == 1 and ev["noise"]["study"]["df"] == 1
     assert ev["noise"]["by_class"]["speculative"]["df"] == 0
     assert d.decision == "keep" and ev["keep_reason"] == "noise unmeasured" and ev["open"] is True
     assert ev["speedup_ci"] == [0.0, math.inf] and "needs two confirmation starts" in d.reason
     assert ev["plan"]["expected_sd_log"]["winner"] == pytest.approx(0.03)  # the nights plan it
-    assert decide(st).evidence["plan"].get("expected_sd_log") is None  # nothing known: nothing planned
+    assert decide(study_record(st)).evidence["plan"].get("expected_sd_log") is None  # nothing known: nothing planned
 
 
 def _decisions_under_priors(spec, trials, priors):
@@ -485,7 +487,7 @@ def _decisions_under_priors(spec, trials, priors):
     for cv in priors:
         sn = None if cv is None else StartNoiseSpec(cv=cv, df=50, speculative=StartNoisePrior(cv=cv, df=50))
         s = _with(spec, objective=spec.objective.model_copy(update={"start_noise": sn}))
-        d = decide(FakeStudy(s, trials))
+        d = decide(study_record(FakeStudy(s, trials)))
         out.append((d.decision, d.evidence["speedup"], d.evidence["speedup_ci"], d.evidence.get("keep_reason")))
     return out
 
@@ -516,19 +518,19 @@ def test_a_prior_the_night_contradicts_either_way_is_reported(spec):
         return _with(spec, objective=spec.objective.model_copy(update={"start_noise": StartNoiseSpec(cv=cv, df=20)}))
 
     noisy = [*_starts(spec, None, 30.0, [36.0, 25.0]), *_starts(spec, NGRAM, 10.0, [10.1, 9.9])]
-    ev = decide(FakeStudy(with_prior(0.02), noisy)).evidence
+    ev = decide(study_record(FakeStudy(with_prior(0.02), noisy))).evidence
     pc = ev["noise"]["prior_check"]
     assert pc["conflict"] is True and pc["prior_too"] == "small" and pc["p"] < 0.01 and pc["own_df"] == 3
-    text = "\n".join(_recommend.comparison_lines(ev))
+    text = "\n".join(_payload.comparison_lines(ev))
     assert "noise prior too small: this study's own starts vary" in text and "benchmarks/start_noise.py" in text
     quiet = [*_starts(spec, None, 30.0, [30.01, 29.99, 30.02]), *_starts(spec, NGRAM, 10.0, [10.01, 9.99, 10.0])]
-    ev = decide(FakeStudy(with_prior(0.30), quiet)).evidence
+    ev = decide(study_record(FakeStudy(with_prior(0.30), quiet))).evidence
     assert ev["noise"]["prior_check"]["prior_too"] == "large" and ev["noise"]["prior_check"]["p_quieter"] < 0.01
-    assert "noise prior too large" in "\n".join(_recommend.comparison_lines(ev))
-    ev = decide(FakeStudy(with_prior(0.0005), quiet)).evidence  # starts as quiet as the prior: no line
+    assert "noise prior too large" in "\n".join(_payload.comparison_lines(ev))
+    ev = decide(study_record(FakeStudy(with_prior(0.0005), quiet))).evidence  # starts as quiet as the prior: no line
     assert ev["noise"]["prior_check"]["conflict"] is False
-    assert "noise prior too" not in "\n".join(_recommend.comparison_lines(ev))
-    assert "prior_check" not in decide(FakeStudy(spec, quiet)).evidence["noise"]  # no prior: nothing to test
+    assert "noise prior too" not in "\n".join(_payload.comparison_lines(ev))
+    assert "prior_check" not in decide(study_record(FakeStudy(spec, quiet))).evidence["noise"]  # no prior: nothing to test
 
 
 def test_the_error_is_spent_over_the_looks_the_budget_allows(spec):
@@ -538,23 +540,23 @@ def test_the_error_is_spent_over_the_looks_the_budget_allows(spec):
     from autotune.core._measure import error_spending
 
     seq = _with(spec, objective=spec.objective.model_copy(update={"confirm_starts": 1, "confirm_max_starts": 4}))
-    assert _recommend.planned_looks(seq) == 4 and _recommend.planned_looks(seq, starts_left=7, sides=3) == 2
-    assert _recommend.planned_looks(seq, starts_left=40, sides=2) == 4 and _recommend.planned_looks(spec) == 1
-    assert _recommend.planned_looks(seq, starts_left=2, sides=3) == 1
+    assert _noise.planned_looks(seq) == 4 and _noise.planned_looks(seq, starts_left=7, sides=3) == 2
+    assert _noise.planned_looks(seq, starts_left=40, sides=2) == 4 and _noise.planned_looks(spec) == 1
+    assert _noise.planned_looks(seq, starts_left=2, sides=3) == 1
     spend = error_spending(0.025, 4)
     assert sum(spend) == pytest.approx(0.025) and spend == sorted(spend) and spend[-1] > 0.6 * 0.025
     assert spend[-1] > 0.025 / 4 * 2  # the last look keeps over twice what an even split gives it
     trials = [*_baseline(spec), *_starts(spec, NGRAM, 10.0, [10.1, 9.9])]  # look 2 of 4
-    ev = decide(FakeStudy(seq, trials, confirmation={"looks": 4})).evidence
+    ev = decide(study_record(FakeStudy(seq, trials, confirmation={"looks": 4}))).evidence
     assert ev["look"] == 2 and ev["looks"] == 4 and ev["confidence"] == pytest.approx(1 - 2 * spend[1])
     assert ev["plan"]["alpha_spent"] == pytest.approx(spend[0] + spend[1])
     four = [*_starts(spec, None, 30.0, [30.3, 29.7, 30.1, 29.9]), *_starts(spec, NGRAM, 29.0, [29.5, 28.5, 29.2, 28.8])]
-    ev = decide(FakeStudy(seq, four, confirmation={"looks": 4})).evidence
+    ev = decide(study_record(FakeStudy(seq, four, confirmation={"looks": 4}))).evidence
     assert ev["look"] == 4 and ev["confidence"] == pytest.approx(1 - 2 * spend[3])
     open_ = [*_baseline(spec), *_starts(spec, NGRAM, 29.0, [29.5, 28.5])]
-    assert _recommend.open_question(FakeStudy(seq, open_, confirmation={"looks": 4})) is True  # 3%, unresolved
+    assert _decision.open_question(study_record(FakeStudy(seq, open_, confirmation={"looks": 4}))) is True  # 3%, unresolved
     settled = [*_starts(spec, None, 30.0, [30.3, 29.7, 30.1]), *_starts(spec, NGRAM, 10.0, [10.1, 9.9, 10.0])]
-    assert _recommend.open_question(FakeStudy(seq, settled, confirmation={"looks": 4})) is False  # change
+    assert _decision.open_question(study_record(FakeStudy(seq, settled, confirmation={"looks": 4}))) is False  # change
 
 
 def test_a_gain_on_too_few_starts_to_state_it_is_not_a_change(spec):
@@ -562,11 +564,11 @@ def test_a_gain_on_too_few_starts_to_state_it_is_not_a_change(spec):
     interval that clears 1 but says nothing. An interval wider than 2x either way keeps the
     decision open; with more rounds' starts it states the gain and changes."""
     two = [*_starts(spec, None, 30.0, [33.0, 27.0]), *_starts(spec, NGRAM, 5.0, [5.0, 10.0, 2.5])]
-    d = decide(FakeStudy(spec, two))
+    d = decide(study_record(FakeStudy(spec, two)))
     assert d.evidence["speedup_ci"][0] > 1.0 and d.evidence["speedup_ci"][1] / d.evidence["speedup"] > 2.0
     assert d.decision == "keep" and d.evidence["keep_reason"].startswith("imprecise") and d.evidence["open"] is True
     three = [*_starts(spec, None, 30.0, [33.0, 27.0, 30.5, 29.5]), *_starts(spec, NGRAM, 5.0, [5.5, 4.5, 5.2, 4.8])]
-    d = decide(FakeStudy(spec, three))
+    d = decide(study_record(FakeStudy(spec, three)))
     assert d.decision == "change", d.reason
     lo, hi = d.evidence["speedup_ci"]
     assert d.evidence["speedup"] / lo <= 2.0 and hi / d.evidence["speedup"] <= 2.0
@@ -581,23 +583,23 @@ def test_an_incumbent_slower_than_none_gets_the_faster_of_winner_and_none(spec):
     base = _starts(s, None, 30.0, [30.3, 29.7, 30.0])
     slow_inc = _starts(s, inc, 37.5, [37.8, 37.2, 37.5])
     between = [*base, *slow_inc, *_starts(s, NGRAM, 31.0, [31.3, 31.0, 31.5])]
-    d = decide(FakeStudy(s, between))
+    d = decide(study_record(FakeStudy(s, between)))
     assert d.evidence["speedup_ci"][0] > 1.15  # the winner does beat the deployed config
     assert d.decision == "disable", d.reason
     assert "not shown faster than no speculation" in d.reason and "disable the deployed speculation" in d.reason
     fast = [*base, *slow_inc, *_starts(s, NGRAM, 20.0, [20.2, 19.8, 20.0])]
-    d = decide(FakeStudy(s, fast))
+    d = decide(study_record(FakeStudy(s, fast)))
     assert d.decision == "change" and d.winner == NGRAM, d.reason
     # the deployed config as fast as none: a winner faster than it but not than none is no change
     par = [*base, *_starts(s, inc, 31.5, [31.8, 31.2, 31.5]), *_starts(s, NGRAM, 30.5, [30.2, 30.8, 30.4])]
-    d = decide(FakeStudy(s, par))
+    d = decide(study_record(FakeStudy(s, par)))
     assert d.decision != "change", d.reason
 
 
 def test_comparison_lines_say_what_was_compared_and_why_a_keep_is_a_keep(spec):
     inc = _with(spec, incumbent=dict(SUFFIX))
     trials = [*_baseline(spec), *_starts(spec, SUFFIX, 10.2, [10.1, 9.95]), *_starts(spec, NGRAM, 9.7, [10.05, 9.9])]
-    lines = _recommend.comparison_lines(decide(FakeStudy(inc, trials)).evidence)
+    lines = _payload.comparison_lines(decide(study_record(FakeStudy(inc, trials))).evidence)
     text = "\n".join(lines)
     assert lines[0].startswith("winner vs the deployed config: speedup 1.0")
     assert "confirmation starts decided on: baseline 2, incumbent 2, winner 2" in text
@@ -637,28 +639,28 @@ def test_a_replay_set_that_cannot_measure_acceptance_holds_a_winner_back(spec, t
     rs_path.write_text("")
     st = FakeStudy(spec, trials)
     st.replay_set = SimpleNamespace(path=rs_path, requests=[None] * 40)
-    assert decide(st).decision == "change"  # no manifest (a hand-made set): decided as measured
+    assert decide(study_record(st)).decision == "change"  # no manifest (a hand-made set): decided as measured
     manifest_path(rs_path).write_text(json.dumps({"acceptance_measurable": False, "synthetic_requests": 40,
                                                   "workload": "code", "content_hash": "abc"}))
-    d = decide(st)
+    d = decide(study_record(st))
     assert d.decision == "keep" and d.winner is None
     assert "synthetic prompts (40 of 40 requests" in d.reason and "not recommended" in d.reason
     assert d.evidence["held_back_winner"] == NGRAM
     manifest_path(rs_path).write_text(json.dumps({"acceptance_measurable": True, "synthetic_requests": 0}))
-    assert decide(st).decision == "change"
+    assert decide(study_record(st)).decision == "change"
 
 
 def _damping_study(spec, days: float, version: str = "0.32.0", incumbent_rate: float | None = None):
     from types import SimpleNamespace
 
-    from autotune.decide import _recommend
+    from autotune.decide import _decision
     s = spec.model_copy(update={"drift": spec.drift.model_copy(update={"min_days_between_changes": days})})
     trials = [*_baseline(s), *_starts(s, NGRAM, 10.0, [10.1, 9.9], throughput=300.0)]
     st = FakeStudy(s, trials)
     st.caps = SimpleNamespace(version=version)
-    d = decide(st)
+    d = decide(study_record(st))
     assert d.decision == "change" and d.winner == NGRAM
-    return st, d, _recommend.damp
+    return st, d, _decision.damp
 
 
 def test_damping_holds_a_new_config_back_within_the_window(spec):
@@ -668,7 +670,7 @@ def test_damping_holds_a_new_config_back_within_the_window(spec):
     prev = {"id": "r1", "speculative_config": SUFFIX, "decision": "change",
             "created_at": (now - dt.timedelta(days=1)).isoformat(), "engine": {"vllm_version": "0.32.0"}}
     st, d, damp = _damping_study(spec, days=3)
-    held = damp(d, st, prev, now=now)
+    held = damp(d, study_record(st), prev, now=now)
     assert held.decision == "keep" and held.winner == SUFFIX  # the previous recommendation stands
     assert held.reason.startswith("damped: the last recommendation (suffix") and "1.0 days old" in held.reason
     assert held.evidence["damped"]["held_back_winner"] == NGRAM and held.evidence["damped"]["previous_id"] == "r1"
@@ -678,20 +680,21 @@ def test_damping_holds_a_new_config_back_within_the_window(spec):
                              (prev, 3, "0.33.0"), (prev, 0, "0.32.0"), (None, 3, "0.32.0"),
                              ({**prev, "speculative_config": NGRAM}, 3, "0.32.0")]:
         st, d, damp = _damping_study(spec, days=days, version=version)
-        out = damp(d, st, p, now=now)
+        out = damp(d, study_record(st), p, now=now)
         assert out.decision == "change" and out.winner == NGRAM and "damped" not in out.evidence
 
 
 def test_the_decision_does_not_import_the_history_that_imports_it():
-    """``_history`` (files, table, diff) builds on ``_recommend`` (the decision and the payload);
-    the other way round would be a cycle."""
+    """``_history`` (files, table, diff) builds on the decision and the payload (``_noise``,
+    ``_decision``, ``_payload``); the other way round would be a cycle."""
     import ast
 
-    src = (ROOT / "autotune" / "decide" / "_recommend.py").read_text()
-    imported = {n.module for n in ast.walk(ast.parse(src)) if isinstance(n, ast.ImportFrom)}
-    assert "autotune.decide._history" not in imported
+    for part in ("_noise", "_decision", "_payload"):
+        src = (ROOT / "autotune" / "decide" / f"{part}.py").read_text()
+        imported = {n.module for n in ast.walk(ast.parse(src)) if isinstance(n, ast.ImportFrom)}
+        assert "autotune.decide._history" not in imported
     hist = (ROOT / "autotune" / "decide" / "_history.py").read_text()
-    assert "autotune.decide._recommend" in {n.module for n in ast.walk(ast.parse(hist)) if isinstance(n, ast.ImportFrom)}
+    assert "autotune.decide._payload" in {n.module for n in ast.walk(ast.parse(hist)) if isinstance(n, ast.ImportFrom)}
 
 
 # --------------------------------------------------------------------------- noise per class
@@ -703,14 +706,14 @@ def test_a_speculative_winner_is_judged_on_the_speculative_starts_noise_not_the_
     the tight baseline cannot make the noisy winner's gain look certain."""
     quiet_base = _starts(spec, None, 30.0, [30.1, 29.95, 30.05])
     noisy = [*quiet_base, *_starts(spec, NGRAM, 22.0, [27.0, 21.0, 24.0])]
-    d = decide(FakeStudy(spec, noisy))
+    d = decide(study_record(FakeStudy(spec, noisy)))
     by = d.evidence["noise"]["by_class"]
     assert by["none"]["sd_log"] < 0.01 and by["speculative"]["sd_log"] > 0.05
     assert by["none"]["df"] == 3 and by["speculative"]["df"] == 2  # the winner's selection start left out
     wn = d.evidence["winner_vs_none"]
     assert min(3, 2) <= wn["df"] <= 3 + 2 and wn["sd_log"] > 0.04  # Welch: the winner's noise dominates
     assert d.decision == "keep" and d.evidence["keep_reason"].startswith(("inconclusive", "imprecise")), d.reason
-    assert "speculative configs" in "\n".join(_recommend.comparison_lines(d.evidence))
+    assert "speculative configs" in "\n".join(_payload.comparison_lines(d.evidence))
 
 
 def test_a_class_without_repeats_of_its_own_borrows_nothing(spec):
@@ -718,11 +721,11 @@ def test_a_class_without_repeats_of_its_own_borrows_nothing(spec):
     baseline's (much smaller on a GPU): the interval is open, and the decision asks for another
     round (the winner's second confirmation start is the cheapest A/A evidence)."""
     trials = [*_starts(spec, None, 30.0, [30.3, 29.9]), *_starts(spec, NGRAM, 10.0, [10.1])]
-    d = decide(FakeStudy(spec, trials))
+    d = decide(study_record(FakeStudy(spec, trials)))
     by = d.evidence["noise"]["by_class"]
     assert by["speculative"]["df"] == 0 and by["none"]["df"] == 2 and "borrowed" not in by["speculative"]
     assert d.evidence["winner_vs_none"]["df"] == 0 and d.decision == "keep"
-    assert d.evidence["keep_reason"] == "noise unmeasured" and _recommend.open_question(FakeStudy(spec, trials))
+    assert d.evidence["keep_reason"] == "noise unmeasured" and _decision.open_question(study_record(FakeStudy(spec, trials)))
 
 
 def test_two_speculative_configs_compare_on_the_speculative_noise(spec):
@@ -731,13 +734,13 @@ def test_two_speculative_configs_compare_on_the_speculative_noise(spec):
     inc = {**NGRAM, "num_speculative_tokens": 2}
     s = _with(spec, incumbent=inc)
     trials = [*_baseline(s), *_starts(s, inc, 20.0, [20.2, 19.8]), *_starts(s, NGRAM, 10.0, [10.1, 9.9])]
-    ev = decide(FakeStudy(s, trials)).evidence
+    ev = decide(study_record(FakeStudy(s, trials))).evidence
     assert ev["comparison"] == "winner_vs_incumbent"
     sp = ev["noise"]["by_class"]["speculative"]
     assert sp["df"] == 2 + 1 and sp["study"]["df"] == 3  # the incumbent's 3 starts, the winner's 2 confirmations
     assert ev["incumbent_vs_none"]["df"] <= 2 + 3 and ev["winner_vs_none"]["df"] >= 2
     # winner vs incumbent: one class, its own df
-    assert decide(FakeStudy(s, trials)).evidence["speedup_ci"] and ev["winner_vs_none"]["df"] <= 5
+    assert decide(study_record(FakeStudy(s, trials))).evidence["speedup_ci"] and ev["winner_vs_none"]["df"] <= 5
 
 
 def test_history_written_with_classes_adds_to_each_class(spec):
@@ -751,11 +754,11 @@ def test_history_written_with_classes_adds_to_each_class(spec):
                "study": {"ss": 7 * 0.02 ** 2, "df": 7},
                "by_class": {"none": {"study": {"ss": 3 * 0.002 ** 2, "df": 3}},
                             "speculative": {"study": {"ss": 4 * 0.05 ** 2, "df": 4}}}}}}
-    prior = _recommend.prior_noise(st, [rec])
+    prior = _noise.prior_noise(study_record(st), [rec])
     assert (prior["none"].df, prior["speculative"].df, prior["all"].df) == (3, 4, 7)
     assert prior["speculative"].sd == pytest.approx(0.05) and prior["none"].sd == pytest.approx(0.002)
     old = {**rec, "evidence": {"statistic": "median", "noise": {"study": {"ss": 7 * 0.02 ** 2, "df": 7}}}}
-    prior = _recommend.prior_noise(st, [old])  # written before the classes: its pooled figure, for both
+    prior = _noise.prior_noise(study_record(st), [old])  # written before the classes: its pooled figure, for both
     assert prior["none"].df == prior["speculative"].df == prior["all"].df == 7
 
 
@@ -768,7 +771,7 @@ def test_contenders_are_the_measured_configs_the_starts_cannot_rule_out(spec):
               _trial(k5, _tpot(10.2), throughput=290.0, guards=spec.guards),
               _trial(SUFFIX, _tpot(20.0), throughput=150.0, guards=spec.guards)]
     trials[3:6] = _starts(spec, NGRAM, 10.0, [10.8, 9.3, 10.0], throughput=290.0)  # the winner's starts 8% apart
-    ev = decide(FakeStudy(spec, trials)).evidence
+    ev = decide(study_record(FakeStudy(spec, trials))).evidence
     (c,) = [x for x in ev["contenders"] if x["config"] == k5]
     assert all(x["config"] != SUFFIX for x in ev["contenders"])  # twice as slow: no contender
     assert c["config"] == k5 and c["starts"] == 1 and c["measured_gap"] == pytest.approx(0.02, abs=0.005)
@@ -777,7 +780,7 @@ def test_contenders_are_the_measured_configs_the_starts_cannot_rule_out(spec):
                for line in comparison_lines(ev))
     tight = [*_baseline(spec), *_starts(spec, NGRAM, 10.0, [10.1, 9.9, 10.05, 9.95]),
              _trial(k5, _tpot(10.5), guards=spec.guards)]
-    assert decide(FakeStudy(spec, tight)).evidence["contenders"] == []  # 5% apart at 1% noise, 3 df: told apart
+    assert decide(study_record(FakeStudy(spec, tight))).evidence["contenders"] == []  # 5% apart at 1% noise, 3 df: told apart
 
 
 def test_a_winner_whose_drafts_stop_short_of_its_k_says_so(spec):
@@ -785,10 +788,10 @@ def test_a_winner_whose_drafts_stop_short_of_its_k_says_so(spec):
     vLLM 0.25 ran another K's n-gram kernel, or the drafter never agrees that far) measured a
     smaller K than the config sets: the recommendation says in how many of the winner's starts."""
     trials = [*_baseline(spec), *_starts(spec, NGRAM, 10.0, [10.1])]
-    assert "drafts_short" not in decide(FakeStudy(spec, trials)).evidence
+    assert "drafts_short" not in decide(study_record(FakeStudy(spec, trials))).evidence
     for t in trials[-2:]:
         t.user_attrs["measurement"]["summary"]["drafts_short"] = {"position": 3, "k": 4, "accepted": 200.0,
                                                                   "expected_next": 150.0}
-    ev = decide(FakeStudy(spec, trials)).evidence
+    ev = decide(study_record(FakeStudy(spec, trials))).evidence
     assert ev["drafts_short"] == {"starts": 2, "of": 2, "position": 3, "k": 4}
-    assert "no draft was accepted past position 3 of K=4" in "\n".join(_recommend.comparison_lines(ev))
+    assert "no draft was accepted past position 3 of K=4" in "\n".join(_payload.comparison_lines(ev))

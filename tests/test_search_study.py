@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from _synthetic import Workload, ngram
 from autotune.traffic import _replayset
-from autotune.search import _study
+from autotune.search import StudyRecord, _study, read_study, study_record
 from autotune.search._bands import BANDS_KEY, k_at
 from autotune.engines._probe import Capabilities
 from autotune.search._space import NONE, SearchSpace, canonical
@@ -84,9 +84,9 @@ def run_study(tmp_path, monkeypatch, w, spec, caps_fields=FIELDS):
     fm = fake_measure(w, weights=spec.replay.weights() if spec.replay.mode == "profile" else None)
     monkeypatch.setattr(_study, "measure", fm)
     study = _study.Study(spec, caps, space, spec.storage, ["vllm", "serve"], tmp_path / "home")
-    from autotune.decide import _recommend
+    from autotune.decide import _decision
 
-    study.confirm_open = lambda: _recommend.open_question(study)  # as the runner asks it
+    study.confirm_open = lambda: _decision.open_question(study_record(study))  # as the runner asks it
     outcome = study.run()
     return study, outcome, fm
 
@@ -173,8 +173,8 @@ def test_bands_are_searched_verified_and_confirmed(tmp_path, monkeypatch):
     assert confirm and confirm[0].user_attrs["config"] == best.user_attrs["config"]
     assert fm.calls[-1] == best.user_attrs["config"] or fm.calls[-2] == best.user_attrs["config"]
     # the file lists each level: the schedule deployed, its speedup where it speculates
-    from autotune.decide import _recommend
-    rec = _recommend.build(study, _recommend.decide(study), outcome)
+    from autotune.decide import _decision, _payload
+    rec = _payload.build(study_record(study), _decision.decide(study_record(study)), outcome)
     # decided on the traffic-weighted per-level median, whose interval is tight; the median of the
     # pooled 50/50 mixture fell in the gap between the levels (CI 0.74-4.08: "keep")
     ev = rec["evidence"]
@@ -201,7 +201,7 @@ def test_report_from_the_study(tmp_path, monkeypatch):
     spec = make_spec(tmp_path, levels={1: 0.5, 8: 0.5}, bands=True)
     study, outcome, fm = run_study(tmp_path, monkeypatch, w, spec)
     st = optuna.load_study(study_name=study.name, storage=spec.storage)
-    paths = _report.build(study.name, st.get_trials(), st.user_attrs, tmp_path / "report", None, "syn")
+    paths = _report.build(read_study(st), tmp_path / "report", None, "syn")
     for name in ("markdown", "html", "tpot_vs_k", "acceptance", "trials", "predicted_vs_measured", "bands"):
         assert paths[name].exists() and paths[name].stat().st_size > 0, name
     md = paths["markdown"].read_text()
@@ -221,7 +221,7 @@ def test_report_without_matplotlib_says_how_to_install(monkeypatch, tmp_path):
     from autotune.report import _report
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails as if not installed
     with pytest.raises(_report.ReportError, match=r"autotune\[report\]"):
-        _report.build("s", [], {}, tmp_path)
+        _report.build(StudyRecord(name="s"), tmp_path)
 
 
 def test_the_search_is_one_optuna_optimize_ended_by_the_samplers_stop(tmp_path, monkeypatch):

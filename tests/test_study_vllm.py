@@ -95,7 +95,7 @@ def test_incumbent_that_is_already_the_best_config_is_kept(make_spec, tmp_path):
 
 
 def test_random_model_keeps_no_speculation(make_spec, tmp_path):
-    from autotune.decide import _recommend
+    from autotune.decide import _payload
     from autotune.cli._main import main
     from click.testing import CliRunner
 
@@ -104,7 +104,7 @@ def test_random_model_keeps_no_speculation(make_spec, tmp_path):
     result = CliRunner().invoke(main, ["study", "start", "--workload", "random", "--spec", str(spec)],
                                 env={"AUTOTUNE__HOME": str(tmp_path / "home")})
     assert result.exit_code == 0, result.output
-    rec = _recommend.load(tmp_path / "recommendations", "random")
+    rec = _payload.load(tmp_path / "recommendations", "random")
     assert rec["decision"] == "keep", rec["reason"]
     assert rec["speculative_config"] is None and rec["vllm_serve_args"] == []
     # kept because ngram K=4 was measured and is not faster, not because nothing was measured

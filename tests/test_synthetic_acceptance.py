@@ -12,8 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from autotune.decide import _recommend
-from autotune.search import _trial
+from autotune.decide import _decision, _payload
+from autotune.search import StudyRecord, TrialRecord, _trial
+from autotune.search._space import canonical
 from autotune.engines._engine import ServerStartError
 from autotune.core._spec import SpecError, load_spec
 
@@ -130,22 +131,22 @@ def test_trial_argv_carries_the_rates_for_its_k(tmp_path, monkeypatch):
 
 
 def _fake_study(spec, config):
-    """What _recommend.build reads from a study, for one measured winner."""
-    trial = SimpleNamespace(user_attrs={"measurement": {"argv": ["vllm", "serve", "m", "--speculative-config",
-                                                                 json.dumps(spec.run_config(config))]}})
-    return SimpleNamespace(
-        spec=spec, caps=SimpleNamespace(version="0.25.0"), space=SimpleNamespace(dropped={}),
-        trials=lambda config_key=None: [trial],
+    """What _payload.build reads from a study, for one measured winner."""
+    trial = TrialRecord(number=0, state="COMPLETE", config=config, config_key=canonical(config),
+                        measurement={"argv": ["vllm", "serve", "m", "--speculative-config",
+                                              json.dumps(spec.run_config(config))]})
+    return StudyRecord(
+        name=None, spec=spec, vllm_version="0.25.0", dropped_methods={}, all_trials=(trial,),
         replay_set=SimpleNamespace(path="r.jsonl", digest="d", requests=[1, 2], by_tag=lambda: {None: 2}))
 
 
 def test_recommendation_never_carries_the_sampler_and_is_marked(tmp_path):
     spec = load_spec(_spec(tmp_path, "benchmark:\n  synthetic_acceptance: {alpha: 0.8}\n"))
     cfg = {"method": "ngram", "num_speculative_tokens": 3}
-    decision = _recommend.Decision("change", "faster", cfg, {"statistic": "median"})
+    decision = _decision.Decision("change", "faster", cfg, {"statistic": "median"})
     outcome = SimpleNamespace(study_name="s", storage="sqlite://", trials=[], server_starts=2, interrupted_starts=0,
                               wall_s=1.0, stopped_because="done")
-    rec = _recommend.build(_fake_study(spec, cfg), decision, outcome)
+    rec = _payload.build(_fake_study(spec, cfg), decision, outcome)
     deployable = json.dumps([rec["speculative_config"], rec["vllm_serve_args"], rec["vllm_config_yaml"],
                              rec["rollback"]])
     assert "synthetic" not in deployable
@@ -157,7 +158,7 @@ def test_recommendation_never_carries_the_sampler_and_is_marked(tmp_path):
 def test_production_recommendation_has_no_mark(tmp_path):
     spec = load_spec(_spec(tmp_path, ""))
     cfg = {"method": "ngram", "num_speculative_tokens": 3}
-    rec = _recommend.build(_fake_study(spec, cfg), _recommend.Decision("change", "faster", cfg, {}),
+    rec = _payload.build(_fake_study(spec, cfg), _decision.Decision("change", "faster", cfg, {}),
                            SimpleNamespace(study_name="s", storage="sqlite://", trials=[], server_starts=2,
                                            interrupted_starts=0, wall_s=1.0, stopped_because="done"))
     assert "benchmark_only" not in rec and "warning" not in rec

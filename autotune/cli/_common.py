@@ -118,14 +118,14 @@ def study_summaries(url: str, include_best_trial: bool = False) -> list:
 def load_recommendation(rec_dir: str, workload: str) -> dict:
     """The current recommendation of ``workload``; missing, not JSON or not a recommendation
     (a list, a hand-edit without its fields) is exit 2 naming the file."""
-    from autotune.decide import _recommend
+    from autotune.decide import _payload
 
     try:
-        return _recommend.load(rec_dir, workload)
+        return _payload.load(rec_dir, workload)
     except (FileNotFoundError, ValueError) as e:
         fail(str(e), EXIT_INPUT)
     except OSError as e:
-        fail(f"{_recommend.recommendation_path(rec_dir, workload)}: cannot read it ({e.strerror})", EXIT_INPUT)
+        fail(f"{_payload.recommendation_path(rec_dir, workload)}: cannot read it ({e.strerror})", EXIT_INPUT)
 
 
 @contextlib.contextmanager
@@ -135,7 +135,7 @@ def hand_edited(rec_dir: str, workload: str):
     try:
         yield
     except (KeyError, TypeError, AttributeError, IndexError, ValueError) as e:
-        from autotune.decide._recommend import recommendation_path
+        from autotune.decide._payload import recommendation_path
 
         fail(f"{recommendation_path(rec_dir, workload)}: not a recommendation autotune wrote (hand-edited?): "
              f"{type(e).__name__} {e}; its history copies are in {Path(rec_dir) / 'history' / workload}", EXIT_INPUT)

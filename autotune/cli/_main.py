@@ -29,6 +29,7 @@ from autotune.core._settings import get_settings
 from autotune.core._store import safe_url
 from autotune.engines._serverlog import engine_note_lines
 from autotune.cli._common import hand_edited, run_storage
+from autotune.search._record import read_study
 from autotune.search._space import label
 from autotune.search._trial import noise_text
 
@@ -163,21 +164,20 @@ def study_show(workload, storage, study_name) -> None:
         names = [study_name] if study_name in names else []
     if not names:
         fail(f"no study for workload {workload!r} in {safe_url(url)}", EXIT_INPUT)
-    st = optuna.load_study(study_name=names[-1], storage=url)
+    record = read_study(optuna.load_study(study_name=names[-1], storage=url))
     click.echo(f"study {names[-1]} ({safe_url(url)})")
-    for t in st.get_trials(deepcopy=False):
-        m = t.user_attrs.get("measurement") or {}
-        d = m.get("spec_delta") or {}
-        al = d.get("acceptance_length")
-        tp = (m.get("summary") or {}).get("output_throughput_tok_s")
-        noise = noise_text(t.user_attrs)
-        click.echo(f"{t.number:3d} {t.user_attrs.get('role', '?'):8s} {label(t.user_attrs.get('config')):34s} "
-                   f"{t.state.name:8s} tpot {t.value if t.value is not None else float('nan'):7.2f} ms  "
+    for t in record.all_trials:
+        m = t.measurement
+        al = t.counters.get("acceptance_length")
+        tp = t.summary.get("output_throughput_tok_s")
+        noise = noise_text(t.noise_attrs())
+        click.echo(f"{t.number:3d} {t.role or '?':8s} {label(t.config):34s} "
+                   f"{t.state:8s} tpot {t.value if t.value is not None else float('nan'):7.2f} ms  "
                    f"AL {al if al is not None else float('nan'):5.2f}  "
                    f"tok/s {tp if tp is not None else float('nan'):7.1f}  "
                    f"start {m.get('start_seconds', float('nan')):5.1f}s"
                    + (f"  noise: {noise}" if noise else "")
-                   + (f"  error: {t.user_attrs['error'][:100]}" if t.user_attrs.get("error") else ""))
+                   + (f"  error: {t.error[:100]}" if t.error else ""))
 
 
 @main.group()
@@ -204,7 +204,7 @@ def recommend_show(workload, as_json) -> None:
 
 
 def _show_lines(rec: dict) -> list[str]:
-    from autotune.decide import _recommend
+    from autotune.decide import _payload
 
     out = []
     ev = rec["evidence"]
@@ -221,7 +221,7 @@ def _show_lines(rec: dict) -> list[str]:
                           if rec.get("llama_server_env_missing") else ""))
     else:
         out.append(f"  add to vllm serve:  {' '.join(_q(a) for a in rec['vllm_serve_args']) or '(nothing)'}")
-    for line in _recommend.comparison_lines(ev):  # which comparison, starts per side, why a keep is a keep
+    for line in _payload.comparison_lines(ev):  # which comparison, starts per side, why a keep is a keep
         out.append(f"  {line}")
     for line in _per_level_lines(rec.get("per_level")):
         out.append(f"  {line}")

@@ -22,8 +22,9 @@ def report(workload, out_dir, spec_path, storage, study_name) -> None:
 
     from autotune.core._settings import get_settings
     from autotune.core._store import safe_url
-    from autotune.decide import _recommend
+    from autotune.decide import _payload
     from autotune.report._report import ReportError, build
+    from autotune.search._record import read_study
 
     settings = get_settings()
     spec = spec_for(workload, spec_path, settings)
@@ -37,14 +38,14 @@ def report(workload, out_dir, spec_path, storage, study_name) -> None:
         fail(f"no study for workload {workload!r} in {safe_url(url)}", EXIT_INPUT)
     st = optuna.load_study(study_name=names[-1], storage=url)
     try:
-        rec = _recommend.load(settings.recommendations_dir or spec.recommendations_dir, workload)
+        rec = _payload.load(settings.recommendations_dir or spec.recommendations_dir, workload)
         if (rec.get("study") or {}).get("name") not in (None, names[-1]):
             rec = None  # the recommendation of another study (other inputs): not this report's
     except (FileNotFoundError, ValueError):  # none, or not one autotune wrote: the report without it
         rec = None
     out = Path(out_dir) if out_dir else Path(settings.home) / "reports" / workload
     try:
-        paths = build(names[-1], st.get_trials(deepcopy=False), st.user_attrs, out, rec, workload)
+        paths = build(read_study(st), out, rec, workload)
     except ReportError as e:
         fail(str(e), EXIT_INPUT)
     click.echo(f"report of study {names[-1]}: {paths['markdown']}")

@@ -26,7 +26,9 @@ import uuid
 from pathlib import Path
 
 from autotune.core._schedule import iso, parse_iso
-from autotune.decide._recommend import fmt_config, load, recommendation_path, write_atomic  # noqa: F401 (fmt_config: callers read it here too)
+from autotune.decide._decision import fmt_config  # noqa: F401 (callers read it here too)
+from autotune.decide._payload import load, recommendation_path, write_atomic
+from autotune.search._record import StudyRecord
 from autotune.search._space import NONE, canonical
 from autotune.search._trial import spec_counters
 
@@ -41,7 +43,7 @@ def history_dir(recommendations_dir: str | Path, workload: str) -> Path:
 
 
 # ---- drift ----------------------------------------------------------------------------------
-def drift_block(study, payload: dict, previous: dict | None, threshold: float) -> dict:
+def drift_block(study: StudyRecord, payload: dict, previous: dict | None, threshold: float) -> dict:
     incumbent = study.spec.incumbent
     acc = spec_counters(study.trials(config_key=canonical(incumbent))) if incumbent else \
         {"acceptance_rate": None, "acceptance_length": None, "trials": 0}

@@ -42,12 +42,13 @@ from autotune.core._settings import Settings, get_settings
 from autotune.core._signals import StopState, graceful_stop, signame_of
 from autotune.core._spec import BudgetSpec, SpecError, find_spec, load_spec
 from autotune.core._store import Store, StoreError, safe_url
-from autotune.decide import _history, _recommend
+from autotune.decide import _decision, _history, _noise, _payload
 from autotune.engines import _affinity, _recovery, _registry
 from autotune.engines._engine import check_compile_cache
 from autotune.engines._probe import ProbeError
 from autotune.engines._serverlog import engine_note_lines
 from autotune.search import _preflight
+from autotune.search._record import study_record
 from autotune.search._space import SearchSpace
 from autotune.search._study import Study, interrupted_attrs
 from autotune.search._trial import TrialFailed
@@ -136,7 +137,7 @@ def last_success(store, spec, settings: Settings) -> str | None:
     if row and row.get("finished_at"):
         return row["finished_at"]
     try:
-        rec = _recommend.load(recommendations_dir(spec, settings), spec.workload)
+        rec = _payload.load(recommendations_dir(spec, settings), spec.workload)
         return iso(parse_iso(rec["created_at"]))
     except (FileNotFoundError, KeyError, ValueError):
         return None
@@ -287,7 +288,7 @@ def _locked(req: RunRequest, spec, settings: Settings, echo: Echo, on_event, loc
             st = Study(spec, caps, space, url, command, home, study_name=req.study_name, on_event=on_event,
                        store=store, pid_dir=pid_dir, warm_start=warm, leader=not req.worker, run_id=run_id,
                        sampler_seed=_worker_seed(spec.seed) if req.worker else None, hardware=settings.hardware,
-                       fidelity_check=_gate.check_study, pause_after_starts=req.pause_after_starts,
+                       fidelity_check=_gate.fidelity_check, pause_after_starts=req.pause_after_starts,
                        pause_after_minutes=req.pause_after_minutes, window_began=began)
         except (ReplaySetError, ValueError) as e:
             store.finish_run(run_id, "failed", EXIT_INPUT, error=str(e))
@@ -300,9 +301,9 @@ def _locked(req: RunRequest, spec, settings: Settings, echo: Echo, on_event, loc
         for note in st.notes:
             echo(f"  {note}")
         nights = _history.history(spec.workload, rec_dir, store)  # earlier nights' start-to-start variance
-        prior = _recommend.prior_noise(st, nights)["speculative"]  # the predictor's intervals carry it too
+        prior = _noise.prior_noise(study_record(st), nights)["speculative"]  # the predictor's intervals carry it too
         st.set_noise_prior(prior.sd, prior.df)
-        st.confirm_open = lambda: _recommend.open_question(st, nights)
+        st.confirm_open = lambda: _decision.open_question(study_record(st), nights)
         try:
             outcome = st.run()
         except TrialFailed as e:
@@ -324,13 +325,14 @@ def _locked(req: RunRequest, spec, settings: Settings, echo: Echo, on_event, loc
             _finish(store, run_id, st, "ok", EXIT_OK)
             echo(f"worker done: {outcome.stopped_because}; {outcome.server_starts} server starts in the study")
             return EXIT_OK
-        decision = _recommend.damp(_recommend.decide(st, nights), st, previous)
-        payload = _recommend.build(st, decision, outcome)
-        payload["drift"] = _history.drift_block(st, payload, previous, spec.drift.min_acceptance_rate)
-        payload["fidelity"] = getattr(st, "fidelity", None) or _gate.not_checked(
+        record = study_record(st)  # the study as decide, trust and the payload read it
+        decision = _decision.damp(_decision.decide(record, nights), record, previous)
+        payload = _payload.build(record, decision, outcome)
+        payload["drift"] = _history.drift_block(record, payload, previous, spec.drift.min_acceptance_rate)
+        payload["fidelity"] = record.fidelity or _gate.not_checked(
             "no production telemetry in the spec (production.telemetry)")
         try:  # engine fingerprint, traffic profile, predicted figures, canary ranges, kill criteria
-            payload.update(_drift.trust_blocks(st, payload, payload["fidelity"]))
+            payload.update(_drift.trust_blocks(record, payload, payload["fidelity"]))
         except Exception as e:  # never lose a study's recommendation over its auxiliary fields
             log.warning("cannot derive the canary fields: %s", e)
             payload["canary_error"] = f"{type(e).__name__}: {e}"
@@ -363,7 +365,7 @@ def _locked(req: RunRequest, spec, settings: Settings, echo: Echo, on_event, loc
     w = ev.get("winner", {}).get("tpot_ms")
     echo((f"  baseline {b:.2f} ms" if b is not None else "  baseline: no usable start")
          + (f", winner {w:.2f} ms" if w else ""))
-    for line in _recommend.comparison_lines(ev):
+    for line in _payload.comparison_lines(ev):
         echo(f"  {line}")
     for line in (payload.get("per_level") or {}).get("advice") or []:
         echo(f"  note: {line}")
@@ -421,7 +423,7 @@ def drift_result(spec, replay: str | None = None, telemetry_path: str | None = N
     """The drift check of one workload (also used by the daemon); raises ValueError on bad input."""
     rec_dir = recommendations_dir(spec, get_settings())
     try:
-        rec = _recommend.load(rec_dir, spec.workload)  # ValueError naming the file: not one autotune wrote
+        rec = _payload.load(rec_dir, spec.workload)  # ValueError naming the file: not one autotune wrote
     except FileNotFoundError:
         rec = None
     rs = _replayset.load(replay or spec.replay.path)

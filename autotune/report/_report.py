@@ -19,6 +19,7 @@ from pathlib import Path
 
 from autotune.core._files import SHARED, write_text
 from autotune.search import _bands, _observations
+from autotune.search._record import StudyRecord
 from autotune.search._space import canonical, label
 from autotune.search._trial import noise_text
 
@@ -42,8 +43,8 @@ def _plt():
 
 
 def _done(trials) -> list:
-    return [t for t in trials if t.state.name == "COMPLETE" and t.value is not None and math.isfinite(t.value)
-            and t.user_attrs.get("measurement")]
+    return [t for t in trials if t.state == "COMPLETE" and t.value is not None and math.isfinite(t.value)
+            and t.measurement]
 
 
 def _group_label(cfg) -> str:
@@ -61,7 +62,7 @@ def _group_label(cfg) -> str:
 
 
 def _levels_of(t) -> dict[int, float]:
-    lv = (t.user_attrs.get("measurement") or {}).get("levels") or {}
+    lv = t.levels
     return {int(k): d["tpot"] for k, d in lv.items() if d.get("tpot") is not None}
 
 
@@ -77,7 +78,7 @@ def _save(plt, fig, path: Path) -> None:
 
 
 def plot_tpot_vs_k(plt, trials, predictor: dict | None, path: Path) -> Path | None:
-    done = [t for t in _done(trials) if not (t.user_attrs.get("config") or {}).get(BANDS)]
+    done = [t for t in _done(trials) if not (t.config or {}).get(BANDS)]
     if not done:
         return None
     by_level = any(_levels_of(t) for t in done)
@@ -87,14 +88,14 @@ def plot_tpot_vs_k(plt, trials, predictor: dict | None, path: Path) -> Path | No
     for ax, L in zip(axes[0], levels):
         groups: dict[str, list] = {}
         for t in done:
-            groups.setdefault(_group_label(t.user_attrs.get("config")), []).append(t)
+            groups.setdefault(_group_label(t.config), []).append(t)
         for g, ts in sorted(groups.items()):
             xs, ys = [], []
             for t in ts:
                 v = t.value if L is None else _levels_of(t).get(L)
                 if v is None:
                     continue
-                xs.append(_observations.k_of(t.user_attrs.get("config")))
+                xs.append(_observations.k_of(t.config))
                 ys.append(v)
             if g == "none":
                 for y in ys:
@@ -130,14 +131,14 @@ def plot_tpot_vs_k(plt, trials, predictor: dict | None, path: Path) -> Path | No
 def plot_acceptance(plt, trials, path: Path) -> Path | None:
     best: dict[str, tuple[int, list[float], float | None]] = {}
     for t in _done(trials):
-        cfg = t.user_attrs.get("config")
+        cfg = t.config
         if not cfg or cfg.get(BANDS):
             continue
-        d = t.user_attrs["measurement"].get("spec_delta") or {}
+        d = t.counters
         rates = d.get("per_position_rates") or []
         g = _group_label(cfg)
         if rates and len(rates) > len(best.get(g, (0, []))[1]):
-            m = t.user_attrs["measurement"]
+            m = t.measurement
             n = _observations._profile_requests(m) or (m.get("summary") or {}).get("n")
             best[g] = (t.number, rates, _observations.coverage_of(d, n))
     if not best:
@@ -163,15 +164,14 @@ def plot_acceptance(plt, trials, path: Path) -> Path | None:
 
 
 def plot_bands(plt, trials, winner_cfg, path: Path) -> tuple[Path | None, dict | None]:
-    band_trials = [t for t in _done(trials) if (t.user_attrs.get("config") or {}).get(BANDS)]
+    band_trials = [t for t in _done(trials) if (t.config or {}).get(BANDS)]
     if winner_cfg and winner_cfg.get(BANDS):
         cfg = winner_cfg
     elif band_trials:
-        cfg = min(band_trials, key=lambda t: t.value).user_attrs["config"]
+        cfg = min(band_trials, key=lambda t: t.value).config
     else:
         return None, None
-    check = next((t.user_attrs.get("bands_check") for t in band_trials
-                  if canonical(t.user_attrs["config"]) == canonical(cfg)), None)
+    check = next((t.bands_check for t in band_trials if canonical(t.config) == canonical(cfg)), None)
     sched = cfg[BANDS]
     kmax = int(cfg["num_speculative_tokens"])
     top = max(b[1] for b in sched)
@@ -204,13 +204,12 @@ def plot_trials(plt, trials, path: Path) -> Path | None:
     fig, ax = plt.subplots(figsize=(7, 3.8))
     colors = {"baseline": "k", "search": "C0", "confirm": "C2"}
     for role, c in colors.items():
-        pts = [(x, t.value) for x, t in zip(xs, done) if t.user_attrs.get("role") == role]
+        pts = [(x, t.value) for x, t in zip(xs, done) if t.role == role]
         if pts:
             ax.plot(*zip(*pts), "o", color=c, label=role)
     best, run = math.inf, []
     for x, t in sorted(zip(xs, done), key=lambda p: p[0]):
-        cons = t.constraints if isinstance(t.constraints, dict) else {}
-        if t.user_attrs.get("config") and all(c <= 0 for c in cons.values()):
+        if t.config and all(c <= 0 for c in t.constraints.values()):
             best = min(best, t.value)
         run.append((x, best if math.isfinite(best) else None))
     pts = [(x, b) for x, b in run if b is not None]
@@ -230,12 +229,12 @@ def plot_trials(plt, trials, path: Path) -> Path | None:
 def predicted_rows(trials) -> list[dict]:
     rows = []
     for t in _done(trials):
-        p = t.user_attrs.get("predicted_tpot_ms")
+        p = t.predicted_tpot_ms
         if p is None:
             continue
-        ci = t.user_attrs.get("predicted_ci") or [p, p]
+        ci = t.predicted_ci or [p, p]
         measured = _objective_like_prediction(t)
-        rows.append({"trial": t.number, "config": label(t.user_attrs.get("config")), "predicted": p,
+        rows.append({"trial": t.number, "config": label(t.config), "predicted": p,
                      "lo": ci[0], "hi": ci[1], "measured": measured,
                      "error": (p - measured) / measured, "inside": ci[0] <= measured <= ci[1]})
     return rows
@@ -243,7 +242,7 @@ def predicted_rows(trials) -> list[dict]:
 
 def _objective_like_prediction(t) -> float:
     """The quantity the predictor predicts: the weighted per-level statistic in profile mode."""
-    lv = (t.user_attrs.get("measurement") or {}).get("levels") or {}
+    lv = t.levels
     if lv:
         w = {k: d.get("weight", 0) for k, d in lv.items() if d.get("tpot") is not None}
         s = sum(w.values())
@@ -278,13 +277,15 @@ def plot_predicted(plt, rows: list[dict], path: Path) -> Path | None:
 # --------------------------------------------------------------------------- document
 
 
-def build(study_name: str, trials, study_attrs: dict, out_dir: str | Path, recommendation: dict | None = None,
+def build(study: StudyRecord, out_dir: str | Path, recommendation: dict | None = None,
           workload: str | None = None) -> dict[str, Path]:
-    """Write ``report.md``, ``report.html`` and the PNGs into ``out_dir``; returns their paths."""
+    """Write ``report.md``, ``report.html`` and the PNGs of the study's record (``search.read_study``)
+    into ``out_dir``; returns their paths."""
     plt = _plt()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    predictor = study_attrs.get("predictor")
+    study_name, trials = study.name, list(study.all_trials)
+    predictor = study.predictor
     winner = (recommendation or {}).get("speculative_config")
     pred_rows = predicted_rows(trials)
     figs: dict[str, Path | None] = {
@@ -295,7 +296,7 @@ def build(study_name: str, trials, study_attrs: dict, out_dir: str | Path, recom
     }
     bands_png, bands_info = plot_bands(plt, trials, winner, out / "bands.png")
     figs["bands"] = bands_png
-    blocks = _blocks(study_name, workload or study_attrs.get("workload"), trials, predictor, recommendation,
+    blocks = _blocks(study_name, workload or study.workload, trials, predictor, recommendation,
                      pred_rows, bands_info, figs)
     md = write_text(out / "report.md", _markdown(blocks), SHARED)
     page = write_text(out / "report.html", _html(blocks, study_name), SHARED)
@@ -330,19 +331,18 @@ def _blocks(study_name, workload, trials, predictor, rec, pred_rows, bands_info,
     else:
         b.append(("p", "No recommendation file found for this study."))
     done = _done(trials)
-    starts = sum(int(t.user_attrs.get("server_starts", 0)) for t in trials if t.state.name != "WAITING")
+    starts = sum(t.server_starts for t in trials if t.state != "WAITING")
     b.append(("h", "Trials", 2))
     b.append(("p", f"{len(trials)} trials, {len(done)} complete, {starts} server starts."))
     rows = []
     for t in trials:
-        m = t.user_attrs.get("measurement") or {}
-        d = m.get("spec_delta") or {}
-        p = t.user_attrs.get("predicted_tpot_ms")
-        rows.append([str(t.number), t.user_attrs.get("role", "?"), label(t.user_attrs.get("config")), t.state.name,
+        d = t.counters
+        p = t.predicted_tpot_ms
+        rows.append([str(t.number), t.role or "?", label(t.config), t.state,
                      f"{t.value:.2f}" if t.value is not None and math.isfinite(t.value) else "-",
                      f"{p:.2f}" if p is not None else "-",
                      f"{d['acceptance_length']:.2f}" if d.get("acceptance_length") else "-",
-                     noise_text(t.user_attrs) or "-", (t.user_attrs.get("error") or "")[:80]])
+                     noise_text(t.noise_attrs()) or "-", (t.error or "")[:80]])
     b.append(("table", ["#", "role", "config", "state", "TPOT ms", "predicted ms", "AL", "noise", "error"], rows))
     if figs.get("trials"):
         b.append(("img", figs["trials"].name, "Trials over time"))

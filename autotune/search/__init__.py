@@ -3,3 +3,7 @@ the TPOT predictor, per-batch-size bands, and the Optuna study that spends serve
 
 May import: ``core``, ``traffic``, ``replay``, ``engines``.
 """
+
+from autotune.search._record import StudyRecord, TrialRecord, read_study, study_record, trial_record
+
+__all__ = ["StudyRecord", "TrialRecord", "read_study", "study_record", "trial_record"]

@@ -34,7 +34,7 @@ def profile_groups(trials) -> tuple[dict[str, list[list[float]]], dict[str, floa
     groups: dict[str, list[list[float]]] = {}
     weights: dict[str, float] = {}
     for t in fresh:
-        for L, d in (t.user_attrs["measurement"].get("levels") or {}).items():
+        for L, d in t.levels.items():
             if d.get("tpot_ms"):
                 groups.setdefault(L, []).append(list(d["tpot_ms"]))
                 weights.setdefault(L, float(d.get("weight") or 0.0))
@@ -46,7 +46,7 @@ def _feasible(t) -> bool:
 
 
 def level_evidence(study, recommended_key: str, statistic: str, confidence: float, seed: int = 0) -> dict | None:
-    """Per level (keyed by the level as a string): weight, baseline, recommended and best
+    """Per level of a ``_record.StudyRecord`` (keyed by the level as a string): weight, baseline, recommended and best
     measured config with TPOT and speedup CI, and ``advice`` lines; None for a study without
     levels. ``recommended_key``: the canonical key of the config the decision deploys (``none``
     for no speculation)."""
@@ -56,10 +56,10 @@ def level_evidence(study, recommended_key: str, statistic: str, confidence: floa
     b_groups, weights = base
     by_key: dict[str, list] = {}
     for t in study.trials():
-        key = t.user_attrs.get("config_key")
+        key = t.config_key
         if key and key != NONE and _feasible(t):
             by_key.setdefault(key, []).append(t)
-    measured = {key: (ts[0].user_attrs.get("config"), g[0]) for key, ts in by_key.items()
+    measured = {key: (ts[0].config, g[0]) for key, ts in by_key.items()
                 if (g := profile_groups(ts)) is not None}
     levels = sorted(b_groups, key=int)
 

@@ -416,15 +416,15 @@ async def _replay_with_scrape(base_url, model, requests, warmup, spec, log_path=
 
 # ---- stored trials: the one rule for which starts count, the one sum of their counters ------
 def usable_starts(trials) -> tuple[list, list[dict]]:
-    """Split a config's completed trials into the starts a statistic may use and the excluded
+    """Split a config's completed trials (``_record.TrialRecord``) into the starts a statistic may use and the excluded
     ones, each with the reason. The one stall rule: a start whose client-side TPOT was biased by
     TTFT stalls (``stalled``, see ``_study._record``) or that has no per-request TPOT is excluded.
     There is no fallback: when every start is excluded the caller has nothing to decide on and
     must say so (the decision is then ``keep``, "inconclusive")."""
     ok, excluded = [], []
     for t in trials:
-        m = t.user_attrs.get("measurement") or {}
-        if t.user_attrs.get("stalled"):
+        m = t.measurement
+        if t.stalled:
             excluded.append({"trial": t.number, "why": "TTFT stalls bias its client-side TPOT"})
         elif not m.get("tpot_ms") and not any(d.get("tpot_ms") for d in (m.get("levels") or {}).values()):
             excluded.append({"trial": t.number, "why": "no request with a TPOT"})
@@ -437,13 +437,13 @@ COUNTERS = ("drafts", "draft_tokens", "accepted_tokens", "generated_tokens", "it
 
 
 def spec_counters(trials) -> dict:
-    """Speculation counters summed over the trials' starts (each ``measurement.spec_delta``),
+    """Speculation counters summed over the trials' (``_record.TrialRecord``) starts (each ``measurement.spec_delta``),
     with the pool's acceptance length (1 + accepted / drafts) and rate (accepted / draft tokens).
     ``itl_counted``: every start knew its decode steps (an ITL histogram count)."""
     tot = {k: 0.0 for k in COUNTERS}
     counted = bool(trials)
     for t in trials:
-        d = (t.user_attrs.get("measurement") or {}).get("spec_delta") or {}
+        d = t.counters
         for k in COUNTERS:
             tot[k] += d.get(k) or 0
         counted = counted and bool(d.get("itl_count"))

@@ -99,7 +99,7 @@ def _pooled(trials, bounds_ms: list[float]) -> dict:
     tpots: list[float] = []
     k = None
     for t in trials:
-        m = t.user_attrs.get("measurement") or {}
+        m = t.measurement
         first += (m.get("summary") or {}).get("ok") or 0
         tpots += m.get("tpot_ms") or []
         k = len((m.get("spec_delta") or {}).get("accepted_per_position") or []) or k
@@ -115,7 +115,8 @@ def _pooled(trials, bounds_ms: list[float]) -> dict:
 
 
 def trust_blocks(study, payload: dict, fidelity: dict) -> dict:
-    """``traffic``, ``engine``, ``predicted``, ``canary`` and ``kill_criteria`` of a recommendation."""
+    """``traffic``, ``engine``, ``predicted``, ``canary`` and ``kill_criteria`` of a recommendation,
+    from the study's record (``search.StudyRecord``)."""
     spec = study.spec
     tol = spec.production.tolerances
     # production's own TPOT buckets, which the gate read from its telemetry, else vLLM's
@@ -151,7 +152,7 @@ def trust_blocks(study, payload: dict, fidelity: dict) -> dict:
     kill.append({"figure": "preemptions", "above": 0,
                  "why": "drafts take KV cache: preemptions mean the config does not fit production's memory"})
     return {"traffic": traffic_profile(study.replay_set.requests),
-            "engine": engine_fingerprint(spec.model, study.caps.version, dict(spec.engine.serve_args)),
+            "engine": engine_fingerprint(spec.model, study.vllm_version, dict(spec.engine.serve_args)),
             "predicted": predicted, "canary": canary, "kill_criteria": kill}
 
 

@@ -31,6 +31,7 @@ goes into every recommendation (``fidelity``).
 
 from __future__ import annotations
 
+from autotune.search._record import StudyRecord, study_record
 from autotune.search._space import NONE, canonical
 from autotune.trust import _telemetry
 
@@ -132,7 +133,7 @@ def not_checked(reason: str) -> dict:
     return {"checked": False, "passed": None, "reason": reason}
 
 
-def check_study(study) -> dict:
+def check_study(study: StudyRecord) -> dict:
     """Compare the study's incumbent replay with the spec's production telemetry; returns the
     fidelity block, raises FidelityFailed when a figure is off or the incumbent was not replayed."""
     prod_spec = study.spec.production
@@ -142,7 +143,7 @@ def check_study(study) -> dict:
     tolerances = prod_spec.tolerances.model_dump()
     incumbent = study.spec.incumbent
     key = canonical(incumbent) if incumbent else NONE
-    trials = [t for t in study.trials(config_key=key) if t.user_attrs.get("role") != "confirm"] \
+    trials = [t for t in study.trials(config_key=key) if t.role != "confirm"] \
         or study.trials(config_key=key)
     block = {"checked": True, "telemetry": {"source": b.get("source"), "file": str(prod_spec.telemetry),
                                             "started_at": b.get("started_at"), "window_s": b.get("window_s"),
@@ -156,12 +157,18 @@ def check_study(study) -> dict:
                           "nothing to compare with production"])
         raise FidelityFailed(block)
     t = trials[0]
-    replay = replay_figures(t.user_attrs["measurement"], derived["tpot_ms"]["bounds_ms"])
+    replay = replay_figures(t.measurement, derived["tpot_ms"]["bounds_ms"])
     result = compare(prod, replay, tolerances, prod_spec.min_figures)
     block.update(replay={**replay, "trial": t.number, "concurrency": study.spec.replay.concurrency}, **result)
     if not result["passed"]:
         raise FidelityFailed(block)
     return block
+
+
+def fidelity_check(study) -> dict:
+    """``check_study`` on a live ``Study``'s record: the ``fidelity_check`` a study runs after the
+    incumbent's trial, before any search."""
+    return check_study(study_record(study))
 
 
 def lines(block: dict) -> list[str]:

@@ -1,0 +1,325 @@
+"""The decision: ``change``, ``keep`` or ``disable``, with its reason and evidence.
+
+``change`` only when the winner beats the *incumbent* (the deployed config, measured in the same
+study; no speculation when nothing is deployed) by more than ``objective.min_gain`` with the
+stated confidence, is not slower than no speculation either (shown faster than it, when a config
+is deployed), on confirmation starts that did not select it, with an interval that states the
+gain within ``PRECISION``, and passes every guard; ``disable`` only when the incumbent is shown
+slower than no speculation (and no winner is shown faster than none); otherwise ``keep``, with
+the reason (``evidence.keep_reason``). The intervals and the noise they rest on: ``_noise``.
+Confirmation goes on in interleaved rounds while the decision is open (``open_question``).
+A pure function of the study's record (``search.StudyRecord``): a test builds one and decides.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+from autotune.core import _measure
+from autotune.decide._noise import PRECISION, _ci, _comparisons, _fmt_ci, _noise_evidence, _plan, _precise, contenders
+from autotune.search._levels import profile_groups
+from autotune.search._record import StudyRecord
+from autotune.search._space import NONE, canonical, label
+from autotune.search._trial import spec_counters, usable_starts
+from autotune.traffic._sampling import read_manifest
+
+
+@dataclass
+class Decision:
+    decision: str           # change | keep | disable
+    reason: str
+    winner: dict | None     # speculative config recommended (None: no speculation)
+    evidence: dict
+
+
+def fmt_config(cfg: dict | None) -> str:
+    """The config label of messages SREs read (``_space.label``; no config: "no speculation")."""
+    return label(cfg, none="no speculation")
+
+
+def _median(xs):
+    xs = sorted(x for x in xs if x is not None)
+    return xs[len(xs) // 2] if xs else None
+
+
+def _side(trials, statistic: str, decided_on: list | None = None) -> dict:
+    """Descriptive figures of one config's starts (every usable start pooled) and the starts the
+    decision used (``decision_trials``)."""
+    used, excluded = usable_starts(trials)
+    pooled = [v for t in used for v in t.measurement["tpot_ms"]]
+    profile = profile_groups(used)
+    counters = spec_counters(trials)
+    summaries = [t.measurement["summary"] for t in trials]
+    return {
+        "tpot_ms": (_measure.weighted_statistic(*profile, statistic) if profile
+                    else _measure.summarize(pooled, statistic) if pooled else None),
+        "tpot_ms_percentiles": _measure.percentiles(pooled) if pooled else {},
+        "server_starts": len(trials), "stalled_starts": sum(1 for t in trials if t.stalled),
+        "excluded_starts": excluded,
+        "mixed_tpot_starts": [t.number for t in trials if t.measurement.get("tpot_mixed")],
+        "requests": len(pooled),
+        "output_throughput": (sum(s["output_throughput_tok_s"] for s in summaries) / len(summaries)
+                              if summaries else None),
+        "acceptance_length": counters["acceptance_length"],
+        "ttft_ms_p90": _median([(s.get("ttft_ms") or {}).get("p90") for s in summaries]),
+        "trials": [t.number for t in trials],
+        "decision_trials": [t.number for t in (decided_on or [])],
+        "start_seconds": _median([t.measurement["start_seconds"] for t in trials]),
+    }
+
+
+def replay_provenance(replay_path) -> dict:
+    """What the replay set's manifest says about where its requests came from (empty for sets
+    written by hand or by ``autotune demo``, which have none)."""
+    m = read_manifest(replay_path)
+    if not m:
+        return {}
+    keep = ("workload", "window", "sources", "content_hash", "requests", "synthetic_requests")
+    return {"manifest": {k: m[k] for k in keep if k in m},
+            "acceptance_measurable": bool(m.get("acceptance_measurable", True))}
+
+
+def decide(study: StudyRecord, history: list[dict] | None = None) -> Decision:
+    """The decision (see the module doc), held back to ``keep`` when the replay set cannot
+    measure acceptance: prompts made up from a length-only trace (Mooncake style) say how fast a
+    config runs but not how often production's drafts would be accepted, so no speculative
+    config is recommended from them; the would-be winner stays in the evidence.
+
+    ``history``: earlier recommendations of the workload, newest first (``_history.history``);
+    their own studies' start-to-start variance is pooled into tonight's (same model, vLLM,
+    concurrency and statistic; the last ``HISTORY_NIGHTS``)."""
+    d = _decide(study, history)
+    rs = study.replay_set
+    prov = replay_provenance(rs.path) if rs is not None else {}
+    if prov.get("acceptance_measurable", True) or d.decision != "change":
+        return d
+    synthetic = prov["manifest"].get("synthetic_requests")
+    why = (f"the replay set has synthetic prompts ({synthetic} of {len(study.replay_set.requests)} requests "
+           f"from a length-only trace; manifest acceptance_measurable false), so the measured acceptance "
+           f"is not production's: {d.reason} -- not recommended")
+    incumbent_key = canonical(study.spec.incumbent)
+    d.evidence["held_back_winner"] = d.winner
+    d.evidence["keep_reason"] = "acceptance not measurable"
+    return Decision("keep", why + ("; keep serving without speculation" if incumbent_key == NONE
+                                   else "; keep the deployed config"),
+                    study.spec.incumbent if incumbent_key != NONE else None, d.evidence)
+
+
+def damp(d: Decision, study: StudyRecord, previous: dict | None, now: dt.datetime | None = None) -> Decision:
+    """Hold back a new config within ``drift.min_days_between_changes`` of the last recommendation.
+
+    Nightly retuning on noisy traffic would otherwise flip between near-equal configs and make
+    SREs redeploy for nothing. Not damped: a first recommendation, an older one, a ``disable``
+    (the deployed speculation is shown slower than none: never wait on that), a change of vLLM
+    version, and an incumbent whose acceptance fell below ``drift.min_acceptance_rate`` (the
+    traffic moved).
+    """
+    days = study.spec.drift.min_days_between_changes
+    if not days or previous is None or d.decision == "disable":
+        return d
+    prev_cfg = previous.get("speculative_config")
+    if canonical(prev_cfg) == canonical(d.winner):
+        return d
+    now = now or dt.datetime.now(dt.timezone.utc)
+    try:
+        made = dt.datetime.fromisoformat(previous["created_at"])
+    except (KeyError, TypeError, ValueError):
+        return d
+    age_days = (now - made).total_seconds() / 86400.0
+    if age_days >= days:
+        return d
+    prev_version = (previous.get("engine") or {}).get("vllm_version") or (previous.get("valid_for") or {}).get("vllm_version")
+    if prev_version and prev_version != study.vllm_version:
+        return d
+    inc = study.spec.incumbent
+    rate = spec_counters(study.trials(config_key=canonical(inc)))["acceptance_rate"] if inc else None
+    if rate is not None and rate < study.spec.drift.min_acceptance_rate:
+        return d
+    d.evidence["damped"] = {"held_back_winner": d.winner, "held_back_decision": d.decision,
+                            "previous_id": previous.get("id"), "previous_created_at": previous.get("created_at"),
+                            "age_days": round(age_days, 2), "min_days_between_changes": days}
+    d.evidence["keep_reason"] = "damped"
+    why = (f"damped: the last recommendation ({fmt_config(prev_cfg)}, {age_days:.1f} days old) stands for "
+           f"{days:g} days unless the traffic drifts or vLLM changes; held back: {d.reason}")
+    return Decision("keep", why, prev_cfg, d.evidence)
+
+
+def open_question(study: StudyRecord, history: list[dict] | None = None) -> bool:
+    """After a confirmation round: is the decision still open, so that one more interleaved round
+    (``objective.confirm_max_starts``) could settle it? Open while the comparison that decides
+    straddles its threshold, or while the incumbent looks slower than no speculation without
+    being shown slower."""
+    d = _decide(study, history)
+    return bool(d.evidence.get("open"))
+
+
+def _decide(study: StudyRecord, history: list[dict] | None = None) -> Decision:
+    spec = study.spec
+    statistic = spec.objective.statistic
+    inc = spec.incumbent
+    inc_key = canonical(inc)
+    deployed = inc_key != NONE
+    gain = spec.objective.min_gain or 0.0
+    baseline = study.trials(config_key=NONE)
+    best = study.best()  # the search's pick; a fast confirmation start never re-picks
+    c = _comparisons(study, history, best)
+    conf_info = study.confirmation or {}
+    evidence: dict = {
+        "statistic": statistic,
+        "method": "t interval on log per-start " + statistic + " TPOT, confirmation starts only; "
+                  "start-to-start variance of each side's class (no speculation, speculative) pooled over "
+                  "this study's repeated starts of its configs (no prior); Welch's interval where the classes "
+                  "differ; the error spent over the planned looks (O'Brien-Fleming shape)",
+        "comparison": None, "baseline": _side(baseline, statistic, c["B"]),
+        "min_gain": gain, "confidence": c["confidence"], "stated_confidence": spec.guards.confidence,
+        "looks": c["looks"], "look": c["look"],
+        "noise": _noise_evidence(c),
+        "plan": _plan(c, deployed, (1.0 - spec.guards.confidence) / 2.0),
+        "starts": {"baseline": len(c["B"]), "incumbent": len(c["I"]) if deployed else None,
+                   "winner": len(c["W"]) if best is not None else None},
+        "confirmation": {"fresh_requests": conf_info.get("fresh_requests"), "rounds": conf_info.get("rounds"),
+                         "skipped": conf_info.get("skipped")},
+    }
+    if profile_groups(baseline):  # a concurrency profile: each start's traffic-weighted per-level statistic
+        evidence["objective"] = "traffic-weighted per-level " + statistic
+    ci_in = _ci(c, "B", "I") if deployed else None  # incumbent vs no speculation
+    if deployed:
+        evidence["incumbent"] = _side(study.trials(config_key=inc_key), statistic, c["I"])
+        evidence["incumbent"]["config"] = inc
+        evidence["incumbent_vs_none"] = ci_in.to_dict() if ci_in else None
+    keep_cfg = inc if deployed else None
+
+    def keep(code: str, why: str, open_: bool = False) -> Decision:
+        evidence["keep_reason"] = code
+        evidence["open"] = open_
+        tail = "; keep the deployed config" if deployed else "; keep serving without speculation"
+        return Decision("keep", why + tail, keep_cfg, evidence)
+
+    def disable_or(code: str, why: str, open_: bool = False) -> Decision:
+        """``disable`` when the incumbent is shown slower than no speculation, else keep. Still
+        open (another confirmation round may settle it) while the incumbent looks slower than
+        no speculation without being shown slower."""
+        if ci_in is not None and ci_in.wholly_below(1.0) and _precise(ci_in):
+            evidence["open"] = False
+            evidence["disable_because"] = f"the deployed config is slower than no speculation ({_fmt_ci(ci_in)})"
+            return Decision("disable", f"{why}; {evidence['disable_because']}; disable the deployed speculation",
+                            inc, evidence)
+        if ci_in is not None:
+            open_ = open_ or ci_in.ratio < 1.0
+            why += (f"; the deployed config is slower than no speculation, but on too few starts to say by how "
+                    f"much ({_fmt_ci(ci_in)})" if ci_in.wholly_below(1.0) else
+                    f"; the deployed config is not shown slower than no speculation ({_fmt_ci(ci_in)})")
+        return keep(code, why, open_)
+
+    if best is None:
+        evidence["comparison"] = "incumbent_vs_none" if deployed else "none"
+        return disable_or("no candidate", "no speculative configuration completed and passed the guards")
+    key = best.config_key
+    cfg = best.config
+    wtrials = study.trials(config_key=key)
+    evidence["winner"] = _side(wtrials, statistic, c["W"])
+    evidence["winner"]["config"] = cfg
+    evidence["contenders"] = contenders(c, key)
+    short = drafts_short(wtrials)
+    if short:
+        evidence["drafts_short"] = short
+    vs_none = _ci(c, "B", "W")
+    evidence["winner_vs_none"] = vs_none.to_dict() if vs_none else None
+    eq = [t.equivalence for t in wtrials]
+    evidence["equivalence"] = {"compared": sum(e.get("compared", 0) for e in eq),
+                               "matched": sum(e.get("matched", 0) for e in eq),
+                               "min_compared": spec.guards.equivalence_min_compared}
+    bt, wt = evidence["baseline"]["output_throughput"], evidence["winner"]["output_throughput"]
+    evidence["throughput_ratio"] = wt / bt if bt and wt is not None else None
+    evidence["failed_requests"] = sum(t.measurement["summary"].get("failed", 0) for t in wtrials)
+    evidence["single_start_only"] = len(c["B"]) < 2 or len(c["W"]) < 2
+    label = fmt_config(cfg)  # noqa: F811 (a local name: the label of the winner)
+    if key == inc_key:
+        evidence["comparison"] = "incumbent_vs_none"
+        ref = vs_none if vs_none is not None else ci_in
+        if ref is not None:
+            evidence["speedup"], evidence["speedup_ci"] = ref.ratio, [ref.low, ref.high]
+        return disable_or("incumbent is the best", f"the deployed config {label} is still the best measured")
+    evidence["comparison"] = "winner_vs_incumbent" if deployed else "winner_vs_none"
+    if not c["W"]:
+        skipped = conf_info.get("skipped") or (
+            "objective.confirm_starts is 0" if not spec.objective.confirm_starts else
+            "no usable confirmation start (" + "; ".join(f"trial {x['trial']}: {x['why']}"
+                                                        for x in evidence["winner"]["excluded_starts"]) + ")"
+            if evidence["winner"]["excluded_starts"] else "the server-start budget was spent")
+        evidence["confirmation"]["skipped"] = skipped
+        return disable_or("not confirmed", f"best candidate {label} was not confirmed on fresh starts "
+                                           f"({skipped}): inconclusive, a change needs confirmation",
+                          open_=bool(evidence["winner"]["excluded_starts"]) and not conf_info.get("skipped"))
+    vs = _ci(c, "I", "W") if deployed else vs_none
+    if vs is None:
+        what = f"the deployed config {fmt_config(inc)}" if deployed else "no speculation (the baseline)"
+        return keep("reference not confirmed", f"{what} has no usable confirmation start (outside tonight's "
+                                               f"space, the budget, or every start excluded): {label} cannot be "
+                                               "compared with it; inconclusive")
+    evidence["speedup"], evidence["speedup_ci"] = vs.ratio, [vs.low, vs.high]
+    ref_name = f"the deployed {fmt_config(inc)}" if deployed else "no speculation"
+    guard_fail = _guard_failure(spec.guards, evidence)
+    if guard_fail:
+        return disable_or("guard", f"best candidate {label} fails a guard: {guard_fail}")
+    threshold = 1.0 + gain
+    starts_used = len(c["B"]) + len(c["W"]) + (len(c["I"]) if deployed else 0)
+    if vs.df <= 0:
+        return disable_or("noise unmeasured", f"{label} vs {ref_name}: {_fmt_ci(vs)}; the {c['classes']['W']} "
+                                              "configurations' start-to-start noise is not measured yet (the "
+                                              "winner needs two confirmation starts); inconclusive", open_=True)
+    # never a change to something slower than turning speculation off: against a deployed config,
+    # the winner must also be shown faster than no speculation, at the same confidence
+    beats_none = not deployed or (vs_none is not None and vs_none.wholly_above(1.0))
+    if vs.wholly_above(threshold) and beats_none:
+        if not (_precise(vs) and (not deployed or _precise(vs_none))):
+            return disable_or(f"imprecise after {starts_used} starts",
+                              f"{label} is faster than {ref_name} ({_fmt_ci(vs)}), but the interval is wider than "
+                              f"{PRECISION:g}x either way of its estimate: too few starts to state the gain",
+                              open_=True)
+        why = (f"{label} is {vs.ratio:.2f}x faster in {statistic} TPOT than {ref_name} "
+               f"({vs.confidence:.1%} CI {vs.low:.2f}-{vs.high:.2f}, {vs.n_b} vs {vs.n_a} confirmation starts, "
+               f"{vs.df} df" + (f", min_gain {gain:.0%}" if gain else "") + ")")
+        evidence["open"] = False
+        return Decision("change", why, cfg, evidence)
+    if vs.wholly_above(threshold):  # faster than the deployed config, not shown faster than none
+        settled = vs_none is not None and vs_none.high <= 1.0
+        return disable_or("not faster than no speculation",
+                          f"best candidate {label} is faster than {ref_name} ({_fmt_ci(vs)}) but not shown faster "
+                          f"than no speculation ({_fmt_ci(vs_none)})", open_=not settled)
+    if vs.high <= threshold:
+        return disable_or("not faster", f"best candidate {label} is not faster than {ref_name} by more than "
+                                        f"{gain:.0%} ({_fmt_ci(vs)})")
+    return disable_or(f"inconclusive after {starts_used} starts",
+                      f"inconclusive after {starts_used} confirmation starts: {label} vs {ref_name} "
+                      f"{_fmt_ci(vs)}, the interval straddles {threshold:.2f}", open_=True)
+
+
+def drafts_short(trials) -> dict | None:
+    """``evidence.drafts_short``: the winner's starts in which no draft was accepted past a
+    position below its K (``summary.drafts_short``, ``_metrics.draft_reach``): either the engine
+    drafted fewer tokens than configured (vLLM 0.25's compile cache gave the GPU n-gram proposer
+    another K's kernel) or the drafter never agrees that far; either way the positions past it
+    bought nothing, and the figures are not those of the K the config sets."""
+    short = [s for t in trials if (s := t.summary.get("drafts_short"))]
+    if not short:
+        return None
+    return {"starts": len(short), "of": len(trials), "position": short[0]["position"], "k": short[0]["k"]}
+
+
+def _guard_failure(guards, ev: dict) -> str | None:
+    if ev["failed_requests"] > guards.max_failed_requests:
+        return f"{ev['failed_requests']} failed requests (max {guards.max_failed_requests})"
+    eq = ev["equivalence"]
+    if eq["compared"] < guards.equivalence_min_compared:
+        ev["equivalence"]["checked"] = False
+        if guards.equivalence_required:
+            return (f"greedy equivalence not checked: {eq['compared']} greedy requests compared, "
+                    f"{guards.equivalence_min_compared} needed (guards.equivalence_min_compared; "
+                    "guards.equivalence_required: false opts out)")
+    elif eq["compared"] and eq["matched"] / eq["compared"] < guards.equivalence_min_match:
+        return f"greedy outputs matched the baseline on {eq['matched']}/{eq['compared']} requests"
+    if ev["throughput_ratio"] is not None and ev["throughput_ratio"] < guards.throughput_floor:
+        return f"throughput {ev['throughput_ratio']:.2f}x of baseline (floor {guards.throughput_floor})"
+    return None

@@ -1,0 +1,148 @@
+"""What flows from the study to the stages above it: typed, frozen records of trials and studies.
+
+The study keeps its trials in Optuna (``user_attrs`` dicts, written by ``_study``); decide, trust
+and report read this module's records instead, so a renamed or missing attribute is found in one
+place (``trial_record``, ``read_study``) rather than in every reader, and a decision is a pure
+function of a value a test can build. A record is a snapshot: the study goes on, the record does
+not; read it again after more trials ran.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """One stored trial (one server start, or a start that failed or never ran)."""
+
+    number: int
+    state: str                                  # Optuna's state name: COMPLETE, FAIL, RUNNING, WAITING, PRUNED
+    value: float | None = None                  # the objective as stored when it was measured
+    role: str | None = None                     # baseline | search | confirm
+    config: dict | None = None                  # the speculative config measured (None: no speculation)
+    config_key: str | None = None               # ``_space.canonical(config)``
+    measurement: Mapping = field(default_factory=dict)  # ``Measurement.to_attrs()``; empty when none was made
+    stalled: bool = False                       # TTFT stalls biased its client-side TPOT (``_trial.stall_verdict``)
+    equivalence: Mapping = field(default_factory=dict)  # greedy outputs compared with the baseline's
+    server_starts: int = 0
+    error: str | None = None
+    noise: Mapping | None = None                # within-start and start-to-start noise (``_trial.noise_text``)
+    predicted_tpot_ms: float | None = None      # the predictor's figure before the start
+    predicted_ci: tuple | None = None
+    bands_check: Mapping | None = None          # did a band schedule take effect (``_bands.check_trial``)
+    constraints: Mapping = field(default_factory=dict)  # the guards, Optuna-style (<= 0: satisfied)
+    datetime_start: dt.datetime | None = None
+    datetime_complete: dt.datetime | None = None
+
+    @property
+    def tpot_ms(self) -> list:
+        """Per-request TPOTs of the start (empty when none completed)."""
+        return self.measurement.get("tpot_ms") or []
+
+    @property
+    def summary(self) -> Mapping:
+        return self.measurement.get("summary") or {}
+
+    @property
+    def levels(self) -> Mapping:
+        """Per concurrency level (a profile study): TPOTs, weight; empty otherwise."""
+        return self.measurement.get("levels") or {}
+
+    @property
+    def counters(self) -> Mapping:
+        """The speculation counters' deltas over the start (``measurement.spec_delta``)."""
+        return self.measurement.get("spec_delta") or {}
+
+    def noise_attrs(self) -> dict:
+        """What ``_trial.noise_text`` reads."""
+        return {"measurement": self.measurement, "noise": self.noise}
+
+
+@dataclass(frozen=True)
+class StudyRecord:
+    """One study as the stages above search see it: its trials and what the run knew about it.
+
+    ``spec``, ``replay_set``, ``confirmation``, ``fidelity`` and ``search_best`` come from the live
+    run (``study_record``); a study read back from storage alone (``read_study``) has its stored
+    attributes and trials, and whatever the caller passes."""
+
+    name: str | None
+    workload: str | None = None
+    all_trials: tuple[TrialRecord, ...] = ()    # every trial, every state, by number
+    spec: Any = None                            # the StudySpec the run used (profile levels filled in)
+    fingerprint: str | None = None
+    hardware: str | None = None                 # None: not known (then not compared)
+    vllm_version: str | None = None             # None: not known (then not compared)
+    replay_digest: str | None = None
+    replay_set: Any = None                      # the ``ReplaySet`` measured on
+    dropped_methods: Mapping = field(default_factory=dict)  # methods the space dropped, with why
+    confirmation: Mapping = field(default_factory=dict)     # what the confirmation rounds did (``Study.confirm``)
+    confirm_looks: int | None = None
+    fidelity: Mapping | None = None             # the fidelity gate's block, when it ran
+    predictor: Mapping | None = None            # the predictor's stored curves, for the report
+    search_best: int | None = None              # the number of the search's pick (``Study.best(search_only=True)``)
+
+    def trials(self, role: str | None = None, config_key: str | None = None, complete: bool = True) -> list[TrialRecord]:
+        """The trials (completed ones unless ``complete`` is false), of one role or config."""
+        return [t for t in self.all_trials
+                if (not complete or t.state == "COMPLETE") and (not role or t.role == role)
+                and (not config_key or t.config_key == config_key)]
+
+    def best(self) -> TrialRecord | None:
+        """The trial the search picked (None: no feasible speculative config was measured)."""
+        return next((t for t in self.all_trials if t.number == self.search_best), None) \
+            if self.search_best is not None else None
+
+
+def trial_record(t) -> TrialRecord:
+    """The record of an Optuna ``FrozenTrial``."""
+    a = t.user_attrs
+    ci = a.get("predicted_ci")
+    cons = getattr(t, "constraints", None)
+    return TrialRecord(
+        number=t.number, state=t.state.name, value=t.value, role=a.get("role"), config=a.get("config"),
+        config_key=a.get("config_key"), measurement=a.get("measurement") or {}, stalled=bool(a.get("stalled")),
+        equivalence=a.get("equivalence") or {}, server_starts=int(a.get("server_starts", 0) or 0),
+        error=a.get("error"), noise=a.get("noise"), predicted_tpot_ms=a.get("predicted_tpot_ms"),
+        predicted_ci=tuple(ci) if ci is not None else None, bands_check=a.get("bands_check"),
+        constraints=cons if isinstance(cons, dict) else {},
+        datetime_start=t.datetime_start, datetime_complete=t.datetime_complete)
+
+
+def read_study(optuna_study, **context) -> StudyRecord:
+    """The record of an Optuna study as stored: its trials and study attributes. ``context``
+    sets the fields storage does not hold (``spec``, ``replay_set``, ``confirmation``, ...) or
+    overrides a stored one."""
+    a = optuna_study.user_attrs
+    rec = StudyRecord(
+        name=optuna_study.study_name, workload=a.get("workload"),
+        all_trials=tuple(trial_record(t) for t in optuna_study.get_trials(deepcopy=False)),
+        hardware=a.get("hardware"), vllm_version=a.get("vllm_version"), replay_digest=a.get("replay_digest"),
+        confirm_looks=a.get("confirm_looks"), predictor=a.get("predictor"))
+    return replace(rec, **context) if context else rec
+
+
+def study_record(study) -> StudyRecord:
+    """The record of a live ``Study`` (or an object with its attributes: ``study`` (Optuna),
+    ``spec``, and any of ``name``, ``caps``, ``hardware``, ``fingerprint``, ``replay_set``,
+    ``space``, ``confirmation``, ``fidelity``, ``best``): what decide, trust and report are given."""
+    best = study.best(search_only=True) if hasattr(study, "best") else None
+    caps = getattr(study, "caps", None)
+    space = getattr(study, "space", None)
+    spec = getattr(study, "spec", None)
+    context = {"name": getattr(study, "name", None), "spec": spec,
+               "replay_set": getattr(study, "replay_set", None),
+               "confirmation": getattr(study, "confirmation", None) or {},
+               "fidelity": getattr(study, "fidelity", None),
+               "dropped_methods": getattr(space, "dropped", None) or {},
+               "search_best": best.number if best is not None else None}
+    for key, value in (("hardware", getattr(study, "hardware", None)), ("vllm_version", getattr(caps, "version", None)),
+                       ("fingerprint", getattr(study, "fingerprint", None)),
+                       ("workload", getattr(spec, "workload", None))):
+        if value is not None:
+            context[key] = value
+    return read_study(study.study, **context)
