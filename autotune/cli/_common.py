@@ -18,8 +18,8 @@ from autotune.core._spec import SpecError, find_spec, load_spec
 from autotune.core._store import StoreError, check_url, error_line, has_password, safe_url, scrub
 from autotune.search._space import label
 
-EXIT_OK, EXIT_INPUT, EXIT_ENGINE, EXIT_WRITE, EXIT_INTERRUPTED = 0, 2, 3, 4, 130
-EXIT_SOFTWARE = 70  # EX_SOFTWARE: an error autotune has no message for (a bug); never 1, which drift check means
+from autotune.core._exit import (EXIT_ENGINE, EXIT_INPUT, EXIT_INTERRUPTED, EXIT_OK, EXIT_SOFTWARE,  # noqa: F401
+                                 EXIT_WRITE)
 
 
 def fail(msg: str, code: int = EXIT_INPUT) -> None:
@@ -148,3 +148,16 @@ def print_event(e) -> None:
     note = f"  [{e.note[:90]}]" if e.note else ""
     click.echo(f"trial {e.number:3d} {e.role:8s} {label(e.config):34s} {e.state:8s} "
                f"tpot {value}  best {best}  starts {e.server_starts:2d}  {e.elapsed_s:6.0f}s{note}")
+
+
+def run_and_exit(req) -> None:
+    """Run ``req`` (``ops._runner.execute``), one line per trial as it goes, then say the run's
+    closing lines and exit with its code."""
+    from autotune.ops._runner import execute, render
+
+    def echo(msg: str, err: bool = False) -> None:
+        click.echo(msg, err=err)
+
+    result = execute(req, echo=echo, on_event=print_event)
+    render(result, echo)
+    sys.exit(result.exit_code)

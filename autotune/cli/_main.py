@@ -1,6 +1,7 @@
 """Command line: ``autotune study start --workload code`` and friends.
 
-Exit codes (stable; cron and the daemon read them; see ``autotune.ops._runner``):
+Exit codes (stable; cron and the daemon read them; ``autotune.core._exit``, mapped from failures in
+``autotune.ops._exit``):
   0  study finished and the recommendation was written (any decision); with --if-stale, still fresh
   2  bad input: invalid spec, replay set, traffic, model path, option, a field this vLLM lacks
      (the message names file, field and line)
@@ -19,16 +20,15 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 
 import click
 
-from autotune.cli._common import (EXIT_ENGINE, EXIT_INPUT, EXIT_INTERRUPTED, EXIT_SOFTWARE, EXIT_WRITE, fail,
-                                  load_recommendation, print_event, spec_for, storage_options, study_summaries)
+from autotune.cli._common import (EXIT_ENGINE, EXIT_INPUT, EXIT_INTERRUPTED, fail, load_recommendation, spec_for,
+                                  storage_options, study_summaries)
 from autotune.core._settings import get_settings
 from autotune.core._store import safe_url
 from autotune.engines._serverlog import engine_note_lines
-from autotune.cli._common import hand_edited, run_storage
+from autotune.cli._common import hand_edited, run_and_exit, run_storage
 from autotune.search._space import label
 from autotune.search._trial import noise_text
 
@@ -48,28 +48,25 @@ class _Main(click.Group):
         except KeyboardInterrupt:  # click would say "Aborted!" and exit 1
             fail("interrupted", EXIT_INTERRUPTED)
         except Exception as e:  # noqa: BLE001  (the last resort, see the class doc)
-            import errno
             import os
             import traceback
 
-            from pydantic import ValidationError
-
             from autotune.core._store import scrub
+            from autotune.ops._exit import exit_code
 
             if logging.getLogger().isEnabledFor(logging.DEBUG):
                 traceback.print_exc()
-            if isinstance(e, ValidationError) and e.title == "Settings":  # AUTOTUNE__METRICS_PORT=abc
+            code = exit_code(e, foreseen=False)
+            if code == EXIT_INPUT:  # AUTOTUNE__METRICS_PORT=abc
                 fail("; ".join(f"setting AUTOTUNE__{'.'.join(map(str, err['loc'])).upper()}: {err['msg']}"
-                               for err in e.errors()), EXIT_INPUT)
+                               for err in e.errors()), code)
             storage = os.environ.get("AUTOTUNE__STORAGE")
             if isinstance(e, ImportError):  # an optional dependency this command needs is not installed
-                fail(scrub(f"{e} (a dependency this command needs is missing)", storage), EXIT_ENGINE)
+                fail(scrub(f"{e} (a dependency this command needs is missing)", storage), code)
             if isinstance(e, OSError) and e.filename:
-                code = EXIT_WRITE if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES,
-                                                 errno.EPERM, errno.EFBIG) else EXIT_SOFTWARE
                 fail(scrub(f"{e.filename}: {e.strerror or e}", storage), code)
             fail(scrub(f"unexpected {type(e).__name__}: {e} (a bug in autotune; -vv prints the traceback)",
-                       storage), EXIT_SOFTWARE)
+                       storage), code)
 
 
 @click.group(cls=_Main)
@@ -116,19 +113,17 @@ def study_start(workload, spec_path, storage, study_name, max_trials, max_server
     unusable, 4 recommendation not writable, 5 replay does not reproduce production (fidelity
     gate), 75 GPU busy, 130 interrupted (see README)."""
     from autotune.core._schedule import parse_duration
-    from autotune.ops._runner import RunRequest, run
+    from autotune.ops._runner import RunRequest
 
     try:
         stale_s = parse_duration(if_stale) if if_stale else None
     except ValueError as e:
         fail(f"--if-stale: {e}", EXIT_INPUT)
-    sys.exit(run(RunRequest(workload=workload, spec_path=spec_path, storage=storage, study_name=study_name,
+    run_and_exit(RunRequest(workload=workload, spec_path=spec_path, storage=storage, study_name=study_name,
                             max_trials=max_trials, max_server_starts=max_server_starts,
                             pause_after_starts=pause_after_starts, pause_after_minutes=pause_after_minutes,
-                            nightly=nightly,
-                            if_stale_s=stale_s, wait_for_gpu=wait_for_gpu,
-                            kind="cron" if (nightly or if_stale) else "manual"),
-                 on_event=print_event))
+                            nightly=nightly, if_stale_s=stale_s, wait_for_gpu=wait_for_gpu,
+                            kind="cron" if (nightly or if_stale) else "manual"))
 
 
 @study.command("list")

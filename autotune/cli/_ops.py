@@ -12,7 +12,7 @@ import sys
 
 import click
 
-from autotune.cli._common import EXIT_ENGINE, fail, print_event, read_storage_file, storage_options
+from autotune.cli._common import EXIT_ENGINE, fail, print_event, read_storage_file, run_and_exit, storage_options
 from autotune.core._settings import get_settings
 
 
@@ -51,10 +51,10 @@ def daemon_run(workloads, run_now, metrics_addr, metrics_port, no_metrics) -> No
 def worker(workload, spec_path, storage, study_name, wait_for_gpu) -> None:
     """Join a workload's study from another host (or GPU): run trials under this GPU's lock,
     share the search through the storage; the leader (`study start`/daemon) confirms and decides."""
-    from autotune.ops._runner import RunRequest, run
+    from autotune.ops._runner import RunRequest
 
-    sys.exit(run(RunRequest(workload=workload, spec_path=spec_path, storage=storage, study_name=study_name,
-                            wait_for_gpu=wait_for_gpu, kind="worker", worker=True), on_event=print_event))
+    run_and_exit(RunRequest(workload=workload, spec_path=spec_path, storage=storage, study_name=study_name,
+                            wait_for_gpu=wait_for_gpu, kind="worker", worker=True))
 
 
 # ---- exporter -----------------------------------------------------------------------------
