@@ -16,7 +16,6 @@ import click
 from autotune.core._settings import Settings
 from autotune.core._spec import SpecError, find_spec, load_spec
 from autotune.core._store import StoreError, check_url, error_line, has_password, safe_url, scrub
-from autotune.search._space import label
 
 from autotune.core._exit import (EXIT_ENGINE, EXIT_INPUT, EXIT_INTERRUPTED, EXIT_OK, EXIT_SOFTWARE,  # noqa: F401
                                  EXIT_WRITE)
@@ -104,10 +103,22 @@ def checked_storage(url: str) -> str:
         fail(str(e), EXIT_ENGINE)
 
 
-def study_summaries(url: str, include_best_trial: bool = False) -> list:
-    """Optuna's study summaries in ``url``; a database that cannot be read is exit 3 (URL masked)."""
+def quiet_optuna():
+    """Optuna, imported when a command needs it (``autotune --help`` loads none of it), with its
+    INFO lines off below ``-vv``: failed trials are reported on the progress line, without
+    Optuna's traceback."""
     import optuna
 
+    ctx = click.get_current_context(silent=True)
+    verbose = (ctx.find_root().params.get("verbose") or 0) if ctx is not None else 0
+    if verbose < 2:
+        optuna.logging.set_verbosity(optuna.logging.ERROR)
+    return optuna
+
+
+def study_summaries(url: str, include_best_trial: bool = False) -> list:
+    """Optuna's study summaries in ``url``; a database that cannot be read is exit 3 (URL masked)."""
+    optuna = quiet_optuna()
     checked_storage(url)
     try:
         return optuna.get_all_study_summaries(url, include_best_trial=include_best_trial)
@@ -143,6 +154,8 @@ def hand_edited(rec_dir: str, workload: str):
 
 def print_event(e) -> None:
     """One line per finished trial (``_study.TrialEvent``)."""
+    from autotune.search._space import label
+
     value = f"{e.value:7.2f} ms" if e.value is not None else "      -   "
     best = f"{e.best:7.2f} ms" if e.best is not None else "      -   "
     note = f"  [{e.note[:90]}]" if e.note else ""
@@ -154,6 +167,8 @@ def run_and_exit(req) -> None:
     """Run ``req`` (``ops._runner.execute``), one line per trial as it goes, then say the run's
     closing lines and exit with its code."""
     from autotune.ops._runner import execute, render
+
+    quiet_optuna()
 
     def echo(msg: str, err: bool = False) -> None:
         click.echo(msg, err=err)

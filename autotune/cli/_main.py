@@ -27,10 +27,7 @@ from autotune.cli._common import (EXIT_ENGINE, EXIT_INPUT, EXIT_INTERRUPTED, fai
                                   storage_options, study_summaries)
 from autotune.core._settings import get_settings
 from autotune.core._store import safe_url
-from autotune.engines._serverlog import engine_note_lines
-from autotune.cli._common import hand_edited, run_and_exit, run_storage
-from autotune.search._space import label
-from autotune.search._trial import noise_text
+from autotune.cli._common import hand_edited, quiet_optuna, run_and_exit, run_storage
 
 
 class _Main(click.Group):
@@ -76,10 +73,6 @@ def main(verbose: int) -> None:
     """Tune vLLM speculative decoding per workload, on replayed production traffic."""
     level = logging.WARNING - 10 * min(verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if verbose < 2:  # failed trials are reported on the progress line, without Optuna's traceback
-        import optuna
-
-        optuna.logging.set_verbosity(optuna.logging.ERROR)
 
 
 @main.group()
@@ -147,8 +140,10 @@ def study_list(storage) -> None:
 def study_show(workload, storage, study_name) -> None:
     """The trials of a workload's latest study, with their measurements. Exit 3 when the database
     cannot be read."""
-    import optuna
+    from autotune.search._space import label
+    from autotune.search._trial import noise_text
 
+    optuna = quiet_optuna()
     settings = get_settings()
     spec = spec_for(workload, None, settings)
     url = run_storage(spec, storage, settings)
@@ -200,6 +195,7 @@ def recommend_show(workload, as_json) -> None:
 
 def _show_lines(rec: dict) -> list[str]:
     from autotune.decide import _recommend
+    from autotune.engines._serverlog import engine_note_lines
 
     out = []
     ev = rec["evidence"]
@@ -237,6 +233,8 @@ def _per_level_lines(per_level: dict | None) -> list[str]:
     """One line per concurrency level of a profile study, then the advice."""
     if not per_level:
         return []
+    from autotune.search._space import label
+
     out = []
     for L, row in per_level["levels"].items():
         rec, best = row.get("recommended") or {}, row["best"]

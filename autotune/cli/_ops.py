@@ -32,8 +32,10 @@ def daemon() -> None:
 def daemon_run(workloads, run_now, metrics_addr, metrics_port, no_metrics) -> None:
     """Schedule each workload's nightly study (spec `schedule.cron`) and run them one at a time.
     SIGTERM stops the running study cleanly and exits 0; a second daemon on the GPU exits 75."""
+    from autotune.cli._common import quiet_optuna
     from autotune.ops._daemon import Daemon
 
+    quiet_optuna()
     settings = get_settings()
     update = {k: v for k, v in (("metrics_addr", metrics_addr), ("metrics_port", metrics_port)) if v is not None}
     settings = settings.model_copy(update=update)

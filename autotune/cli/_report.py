@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from autotune.cli._common import EXIT_INPUT, fail, run_storage, spec_for, storage_options, study_summaries
+from autotune.cli._common import (EXIT_INPUT, fail, quiet_optuna, run_storage, spec_for, storage_options,
+                                  study_summaries)
 
 
 @click.command("report")
@@ -18,13 +19,12 @@ from autotune.cli._common import EXIT_INPUT, fail, run_storage, spec_for, storag
 @click.option("--study-name", help="a study other than the workload's latest")
 def report(workload, out_dir, spec_path, storage, study_name) -> None:
     """Write a workload's study report: plots and the recommendation."""
-    import optuna
-
     from autotune.core._settings import get_settings
     from autotune.core._store import safe_url
     from autotune.decide import _recommend
     from autotune.report._report import ReportError, build
 
+    optuna = quiet_optuna()
     settings = get_settings()
     spec = spec_for(workload, spec_path, settings)
     url = run_storage(spec, storage, settings)
