@@ -48,3 +48,55 @@ def test_the_probe_sees_a_heavy_import():
                        env={**env, "PYTHONPATH": str(ROOT)}, timeout=120)
     seen = json.loads(p.stderr.strip().splitlines()[-1])
     assert "optuna" in seen["loaded"], p.stderr
+
+
+def _commands(group, path=("autotune",)):
+    import click
+
+    yield path, group
+    if isinstance(group, click.Group):
+        for name, cmd in sorted(group.commands.items()):
+            yield from _commands(cmd, path + (name,))
+
+
+def test_every_command_option_and_argument_says_what_it_is():
+    """Options carry ``help``; click arguments have none, so the command's help names each
+    (``WORKLOAD``, ``PATHS...``) in words; every command has a help text."""
+    import click
+
+    from autotune.cli._main import main
+
+    missing = []
+    for path, cmd in _commands(main):
+        where = " ".join(path)
+        text = cmd.help or ""
+        if not text.strip():
+            missing.append(f"{where}: no help text")
+        for p in cmd.params:
+            if isinstance(p, click.Option):
+                if not (p.help or "").strip() and not p.hidden:
+                    missing.append(f"{where} {p.opts[0]}: no help")
+            elif isinstance(p, click.Argument):
+                if p.human_readable_name not in text:
+                    missing.append(f"{where} {p.human_readable_name}: not named in the command's help")
+    assert not missing, "\n".join(missing)
+
+
+def test_the_walk_sees_an_option_without_help():
+    import click
+
+    @click.group()
+    def g():
+        """A group."""
+
+    @g.command()
+    @click.option("--bare")
+    @click.argument("thing")
+    def c(bare, thing):
+        """Does something."""
+
+    found = [(p.opts[0] if isinstance(p, click.Option) else p.human_readable_name)
+             for _, cmd in _commands(g) for p in cmd.params
+             if (isinstance(p, click.Option) and not p.help)
+             or (isinstance(p, click.Argument) and p.human_readable_name not in (cmd.help or ""))]
+    assert found == ["--bare", "THING"]

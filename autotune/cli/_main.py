@@ -136,9 +136,9 @@ def study_list(storage) -> None:
 @study.command("show")
 @click.argument("workload")
 @storage_options("Optuna storage URL (default: AUTOTUNE__STORAGE, the spec's, or sqlite in .autotune)")
-@click.option("--study-name")
+@click.option("--study-name", help="a study other than the workload's latest")
 def study_show(workload, storage, study_name) -> None:
-    """The trials of a workload's latest study, with their measurements. Exit 3 when the database
+    """The trials of WORKLOAD's latest study, with their measurements. Exit 3 when the database
     cannot be read."""
     from autotune.search._space import label
     from autotune.search._trial import noise_text
@@ -179,7 +179,7 @@ def recommend() -> None:
 @click.argument("workload")
 @click.option("--json", "as_json", is_flag=True, help="print the file as is")
 def recommend_show(workload, as_json) -> None:
-    """The current recommendation for a workload (exit 2: none, or a file that is no recommendation)."""
+    """The current recommendation for WORKLOAD (exit 2: none, or a file that is no recommendation)."""
     settings = get_settings()
     spec = spec_for(workload, None, settings)
     rec_dir = settings.recommendations_dir or spec.recommendations_dir

@@ -45,8 +45,9 @@ def daemon_run(workloads, run_now, metrics_addr, metrics_port, no_metrics) -> No
 
 # ---- worker -------------------------------------------------------------------------------
 @click.command("worker")
-@click.option("--workload", "-w", required=True)
-@click.option("--spec", "spec_path", type=click.Path(dir_okay=False))
+@click.option("--workload", "-w", required=True, help="workload whose study to join (studies/<workload>.yaml)")
+@click.option("--spec", "spec_path", type=click.Path(dir_okay=False),
+              help="study spec file (default: <studies-dir>/<workload>.yaml)")
 @storage_options("the shared Optuna storage (PostgreSQL URL) of the study")
 @click.option("--study-name", help="join this study (default: the one the same inputs name)")
 @click.option("--wait", "wait_for_gpu", is_flag=True, help="wait for this host's GPU lock instead of exiting 75")
@@ -147,7 +148,7 @@ def db_migrate(storage) -> None:
 @db.command("report")
 @click.argument("name")
 @storage_options("database URL (default: the first spec's storage)")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="print the rows as JSON on stdout")
 def db_report(name, storage, as_json) -> None:
     """Run the shipped report NAME: latest_recommendations, recommendation_history, failures, runs."""
     from autotune.core._store import StoreError
@@ -198,7 +199,7 @@ def _history_for(workload: str, storage: str | None):
 @click.option("--to", "new_id", help="recommendation id to compare to (default: the latest)")
 @storage_options("database URL (default: AUTOTUNE__STORAGE, the spec's, or sqlite in .autotune)")
 def recommend_diff(workload, old_id, new_id, storage) -> None:
-    """What changed between two recommendations of a workload, and why."""
+    """What changed between two recommendations of WORKLOAD, and why."""
     from autotune.decide import _history
     h = _history_for(workload, storage)
     if len(h) < 2 and not (old_id and new_id):
@@ -224,7 +225,7 @@ def recommend_diff(workload, old_id, new_id, storage) -> None:
 @click.argument("workload")
 @storage_options("database URL (default: AUTOTUNE__STORAGE, the spec's, or sqlite in .autotune)")
 def recommend_history(workload, storage) -> None:
-    """Every recommendation of a workload, newest first."""
+    """Every recommendation of WORKLOAD, newest first."""
     from autotune.decide._history import fmt_config
 
     for r in _history_for(workload, storage):

@@ -18,7 +18,7 @@ from autotune.cli._common import (EXIT_INPUT, fail, quiet_optuna, run_storage, s
 @storage_options("Optuna storage URL (default: AUTOTUNE__STORAGE, the spec's, or sqlite in .autotune)")
 @click.option("--study-name", help="a study other than the workload's latest")
 def report(workload, out_dir, spec_path, storage, study_name) -> None:
-    """Write a workload's study report: plots and the recommendation."""
+    """Write WORKLOAD's study report: plots and the recommendation."""
     from autotune.core._settings import get_settings
     from autotune.core._store import safe_url
     from autotune.decide import _recommend

@@ -52,7 +52,7 @@ def traffic() -> None:
 @click.option("--replace", is_flag=True, help="replace the pools of the imported workloads instead of adding to them")
 @click.option("--home", help="working folder (default: AUTOTUNE__HOME or .autotune); pools go to <home>/traffic")
 def traffic_import(paths, fmt, workload, spec_path, studies_dir, redact, synthesize, trace_start, replace, home) -> None:
-    """Import request logs (JSONL, gzip, globs, folders) into per-workload pools."""
+    """Import request logs at PATHS (JSONL, gzip, globs, folders) into per-workload pools."""
     from autotune.traffic._sampling import SampleError, parse_time
     from autotune.traffic._traffic import ImportOptions, PoolWriteError, TrafficError, import_paths
     from autotune.traffic._workloads import Classifier, slug
