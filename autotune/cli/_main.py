@@ -121,23 +121,32 @@ def study_start(workload, spec_path, storage, study_name, max_trials, max_server
 
 @study.command("list")
 @storage_options("Optuna storage URL (default: every spec's storage)")
-def study_list(storage) -> None:
+@click.option("--json", "as_json", is_flag=True, help="print the list as JSON on stdout (for other tools)")
+def study_list(storage, as_json) -> None:
     """Studies in the storage(s): name, trials, best TPOT. Exit 3 when a database cannot be read."""
     from autotune.cli._ops import spec_storages
 
     settings = get_settings()
     urls = {storage} if storage else spec_storages(settings, default=False)
+    rows = []
     for url in sorted(urls):
         for s in study_summaries(url, include_best_trial=True):
-            best = f"{s.best_trial.value:.2f} ms" if s.best_trial and s.best_trial.value is not None else "-"
-            click.echo(f"{s.study_name:40s} trials {s.n_trials:3d}  best {best:>10s}  {safe_url(url)}")
+            best = s.best_trial.value if s.best_trial and s.best_trial.value is not None else None
+            rows.append({"study": s.study_name, "trials": s.n_trials, "best_tpot_ms": best, "storage": safe_url(url)})
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    for r in rows:
+        best = f"{r['best_tpot_ms']:.2f} ms" if r["best_tpot_ms"] is not None else "-"
+        click.echo(f"{r['study']:40s} trials {r['trials']:3d}  best {best:>10s}  {r['storage']}")
 
 
 @study.command("show")
 @click.argument("workload")
 @storage_options("Optuna storage URL (default: AUTOTUNE__STORAGE, the spec's, or sqlite in .autotune)")
 @click.option("--study-name", help="a study other than the workload's latest")
-def study_show(workload, storage, study_name) -> None:
+@click.option("--json", "as_json", is_flag=True, help="print the study and its trials as JSON on stdout")
+def study_show(workload, storage, study_name, as_json) -> None:
     """The trials of WORKLOAD's latest study, with their measurements. Exit 3 when the database
     cannot be read."""
     from autotune.search._space import label
@@ -154,20 +163,29 @@ def study_show(workload, storage, study_name) -> None:
     if not names:
         fail(f"no study for workload {workload!r} in {safe_url(url)}", EXIT_INPUT)
     st = optuna.load_study(study_name=names[-1], storage=url)
-    click.echo(f"study {names[-1]} ({safe_url(url)})")
+    trials = []
     for t in st.get_trials(deepcopy=False):
         m = t.user_attrs.get("measurement") or {}
-        d = m.get("spec_delta") or {}
-        al = d.get("acceptance_length")
-        tp = (m.get("summary") or {}).get("output_throughput_tok_s")
-        noise = noise_text(t.user_attrs)
-        click.echo(f"{t.number:3d} {t.user_attrs.get('role', '?'):8s} {label(t.user_attrs.get('config')):34s} "
-                   f"{t.state.name:8s} tpot {t.value if t.value is not None else float('nan'):7.2f} ms  "
-                   f"AL {al if al is not None else float('nan'):5.2f}  "
-                   f"tok/s {tp if tp is not None else float('nan'):7.1f}  "
-                   f"start {m.get('start_seconds', float('nan')):5.1f}s"
-                   + (f"  noise: {noise}" if noise else "")
-                   + (f"  error: {t.user_attrs['error'][:100]}" if t.user_attrs.get("error") else ""))
+        trials.append({"number": t.number, "role": t.user_attrs.get("role"), "config": t.user_attrs.get("config"),
+                       "config_key": t.user_attrs.get("config_key"), "state": t.state.name, "tpot_ms": t.value,
+                       "acceptance_length": (m.get("spec_delta") or {}).get("acceptance_length"),
+                       "output_throughput_tok_s": (m.get("summary") or {}).get("output_throughput_tok_s"),
+                       "start_seconds": m.get("start_seconds"), "noise": noise_text(t.user_attrs) or None,
+                       "error": t.user_attrs.get("error")})
+    if as_json:
+        click.echo(json.dumps({"study": names[-1], "storage": safe_url(url), "trials": trials}, indent=2))
+        return
+    click.echo(f"study {names[-1]} ({safe_url(url)})")
+    nan = float("nan")
+    for t in trials:
+        al, tp, start = t["acceptance_length"], t["output_throughput_tok_s"], t["start_seconds"]
+        click.echo(f"{t['number']:3d} {t['role'] or '?':8s} {label(t['config']):34s} "
+                   f"{t['state']:8s} tpot {t['tpot_ms'] if t['tpot_ms'] is not None else nan:7.2f} ms  "
+                   f"AL {al if al is not None else nan:5.2f}  "
+                   f"tok/s {tp if tp is not None else nan:7.1f}  "
+                   f"start {start if start is not None else nan:5.1f}s"
+                   + (f"  noise: {t['noise']}" if t["noise"] else "")
+                   + (f"  error: {t['error'][:100]}" if t["error"] else ""))
 
 
 @main.group()

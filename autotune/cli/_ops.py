@@ -224,11 +224,16 @@ def recommend_diff(workload, old_id, new_id, storage) -> None:
 @click.command("history")
 @click.argument("workload")
 @storage_options("database URL (default: AUTOTUNE__STORAGE, the spec's, or sqlite in .autotune)")
-def recommend_history(workload, storage) -> None:
+@click.option("--json", "as_json", is_flag=True, help="print the recommendations as JSON on stdout, each as written")
+def recommend_history(workload, storage, as_json) -> None:
     """Every recommendation of WORKLOAD, newest first."""
     from autotune.decide._history import fmt_config
 
-    for r in _history_for(workload, storage):
+    h = _history_for(workload, storage)
+    if as_json:
+        click.echo(json.dumps(h, indent=2, default=str))
+        return
+    for r in h:
         ev = r.get("evidence") or {}
         drift = r.get("drift") or {}
         sp = f" speedup {ev['speedup']:.2f}x" if isinstance(ev.get("speedup"), (int, float)) else ""

@@ -167,20 +167,30 @@ def traffic_sample(workload, n, since, until, window_hours, all_time, seed, out,
 
 @traffic.command("list")
 @click.option("--home", help="working folder (default: AUTOTUNE__HOME or .autotune)")
-def traffic_list(home) -> None:
+@click.option("--json", "as_json", is_flag=True, help="print the pools as JSON on stdout (for other tools)")
+def traffic_list(home, as_json) -> None:
     """Traffic pools: workload, requests, time range, synthetic rows."""
+    import json
+
     from autotune.traffic._sampling import _iso, read_pool
     from autotune.traffic._traffic import traffic_dir
 
     d = traffic_dir(home or get_settings().home)
-    pools = sorted(d.glob("*.jsonl")) if d.is_dir() else []
+    pools = []
+    for p in sorted(d.glob("*.jsonl")) if d.is_dir() else []:
+        rows, bad = read_pool(p)
+        ts = [r.ts for r in rows if r.ts is not None]
+        pools.append({"workload": p.stem, "path": str(p), "requests": len(rows),
+                      "first": _iso(min(ts)) if ts else None, "last": _iso(max(ts)) if ts else None,
+                      "synthetic": sum(1 for r in rows if r.synthetic), "unreadable_lines": bad})
+    if as_json:
+        click.echo(json.dumps(pools, indent=2))
+        return
     if not pools:
         click.echo(f"no traffic pools in {d}")
         return
     for p in pools:
-        rows, bad = read_pool(p)
-        ts = [r.ts for r in rows if r.ts is not None]
-        syn = sum(1 for r in rows if r.synthetic)
-        span = f"{_iso(min(ts))} .. {_iso(max(ts))}" if ts else "no timestamps"
-        click.echo(f"{p.stem:16s} {len(rows):7d} requests  {span}"
-                   + (f"  {syn} synthetic" if syn else "") + (f"  {bad} unreadable lines" if bad else ""))
+        span = f"{p['first']} .. {p['last']}" if p["first"] else "no timestamps"
+        click.echo(f"{p['workload']:16s} {p['requests']:7d} requests  {span}"
+                   + (f"  {p['synthetic']} synthetic" if p["synthetic"] else "")
+                   + (f"  {p['unreadable_lines']} unreadable lines" if p["unreadable_lines"] else ""))
