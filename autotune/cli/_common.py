@@ -154,25 +154,45 @@ def hand_edited(rec_dir: str, workload: str):
 
 def print_event(e) -> None:
     """One line per finished trial (``_study.TrialEvent``)."""
+    click.echo(event_line(e))
+
+
+def event_line(e) -> str:
     from autotune.search._space import label
 
     value = f"{e.value:7.2f} ms" if e.value is not None else "      -   "
     best = f"{e.best:7.2f} ms" if e.best is not None else "      -   "
     note = f"  [{e.note[:90]}]" if e.note else ""
-    click.echo(f"trial {e.number:3d} {e.role:8s} {label(e.config):34s} {e.state:8s} "
-               f"tpot {value}  best {best}  starts {e.server_starts:2d}  {e.elapsed_s:6.0f}s{note}")
+    return (f"trial {e.number:3d} {e.role:8s} {label(e.config):34s} {e.state:8s} "
+            f"tpot {value}  best {best}  starts {e.server_starts:2d}  {e.elapsed_s:6.0f}s{note}")
 
 
-def run_and_exit(req) -> None:
-    """Run ``req`` (``ops._runner.execute``), one line per trial as it goes, then say the run's
-    closing lines and exit with its code."""
+def run_and_exit(req, quiet: bool = False) -> None:
+    """Run ``req`` (``ops._runner.execute``), one line per trial as it goes and a bar of the
+    server starts against the budget on a terminal's stderr (not with ``quiet``), then say the
+    run's closing lines and exit with its code."""
+    from autotune.core._progress import Progress
     from autotune.ops._runner import execute, render
 
     quiet_optuna()
+    with Progress(_starts_budget(req), desc=f"{req.workload}: server starts", unit="start", quiet=quiet) as bar:
+        def on_event(e) -> None:
+            bar.echo(event_line(e))
+            bar.set(e.server_starts, postfix=f"trial {e.number}" + (f", best {e.best:.2f} ms" if e.best else ""))
 
-    def echo(msg: str, err: bool = False) -> None:
-        click.echo(msg, err=err)
-
-    result = execute(req, echo=echo, on_event=print_event)
-    render(result, echo)
+        result = execute(req, echo=bar.echo, on_event=on_event)
+    render(result, lambda msg, err=False: click.echo(msg, err=err))
     sys.exit(result.exit_code)
+
+
+def _starts_budget(req) -> int | None:
+    """The bar's total: the run's ``max_server_starts`` (None when the spec cannot be read: the
+    run says why)."""
+    from autotune.core._settings import get_settings
+
+    if req.max_server_starts:
+        return req.max_server_starts
+    try:
+        return load_spec(req.spec_path or find_spec(req.workload, get_settings().studies_dir)).budget.max_server_starts
+    except (SpecError, OSError, ValueError):
+        return None

@@ -98,8 +98,9 @@ def study() -> None:
 @click.option("--if-stale", "if_stale", metavar="AGE",
               help="do nothing (exit 0) if the last successful run finished less than AGE ago (20h, 90m, 1d)")
 @click.option("--wait", "wait_for_gpu", is_flag=True, help="wait for the GPU lock instead of exiting 75")
+@click.option("--quiet", "-q", is_flag=True, help="no progress bar (there is none off a terminal)")
 def study_start(workload, spec_path, storage, study_name, max_trials, max_server_starts, pause_after_starts,
-                pause_after_minutes, nightly, if_stale, wait_for_gpu) -> None:
+                pause_after_minutes, nightly, if_stale, wait_for_gpu, quiet) -> None:
     """Run one study now, in the foreground, and write recommendations/<workload>.json.
 
     Exit codes: 0 written (or fresh with --if-stale, or paused by --pause-after-starts/-minutes), 2 bad input, 3 engine or database
@@ -116,7 +117,7 @@ def study_start(workload, spec_path, storage, study_name, max_trials, max_server
                             max_trials=max_trials, max_server_starts=max_server_starts,
                             pause_after_starts=pause_after_starts, pause_after_minutes=pause_after_minutes,
                             nightly=nightly, if_stale_s=stale_s, wait_for_gpu=wait_for_gpu,
-                            kind="cron" if (nightly or if_stale) else "manual"))
+                            kind="cron" if (nightly or if_stale) else "manual"), quiet=quiet)
 
 
 @study.command("list")

@@ -51,13 +51,14 @@ def daemon_run(workloads, run_now, metrics_addr, metrics_port, no_metrics) -> No
 @storage_options("the shared Optuna storage (PostgreSQL URL) of the study")
 @click.option("--study-name", help="join this study (default: the one the same inputs name)")
 @click.option("--wait", "wait_for_gpu", is_flag=True, help="wait for this host's GPU lock instead of exiting 75")
-def worker(workload, spec_path, storage, study_name, wait_for_gpu) -> None:
+@click.option("--quiet", "-q", is_flag=True, help="no progress bar (there is none off a terminal)")
+def worker(workload, spec_path, storage, study_name, wait_for_gpu, quiet) -> None:
     """Join a workload's study from another host (or GPU): run trials under this GPU's lock,
     share the search through the storage; the leader (`study start`/daemon) confirms and decides."""
     from autotune.ops._runner import RunRequest
 
     run_and_exit(RunRequest(workload=workload, spec_path=spec_path, storage=storage, study_name=study_name,
-                            wait_for_gpu=wait_for_gpu, kind="worker", worker=True))
+                            wait_for_gpu=wait_for_gpu, kind="worker", worker=True), quiet=quiet)
 
 
 # ---- exporter -----------------------------------------------------------------------------

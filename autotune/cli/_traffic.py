@@ -51,8 +51,11 @@ def traffic() -> None:
 @click.option("--trace-start", metavar="ISO", help="wall-clock start of a Mooncake trace (its timestamps are relative)")
 @click.option("--replace", is_flag=True, help="replace the pools of the imported workloads instead of adding to them")
 @click.option("--home", help="working folder (default: AUTOTUNE__HOME or .autotune); pools go to <home>/traffic")
-def traffic_import(paths, fmt, workload, spec_path, studies_dir, redact, synthesize, trace_start, replace, home) -> None:
+@click.option("--quiet", "-q", is_flag=True, help="no progress bar (there is none off a terminal)")
+def traffic_import(paths, fmt, workload, spec_path, studies_dir, redact, synthesize, trace_start, replace, home,
+                   quiet) -> None:
     """Import request logs at PATHS (JSONL, gzip, globs, folders) into per-workload pools."""
+    from autotune.core._progress import Progress
     from autotune.traffic._sampling import SampleError, parse_time
     from autotune.traffic._traffic import ImportOptions, PoolWriteError, TrafficError, import_paths
     from autotune.traffic._workloads import Classifier, slug
@@ -67,9 +70,17 @@ def traffic_import(paths, fmt, workload, spec_path, studies_dir, redact, synthes
     except SampleError as e:
         fail(f"--trace-start: {e}")
     home = home or get_settings().home
+    bar = Progress(desc="traffic import", unit="file", quiet=quiet)
+
+    def on_file(done: int, files: int, lines: int) -> None:
+        bar.total(files)
+        bar.set(done, postfix=f"{lines} lines")
+
     try:
-        report = import_paths(paths, home, fmt=fmt, classifier=Classifier(rules, force=workload), redact=patterns,
-                              options=ImportOptions(synthesize=synthesize, trace_start=start), replace=replace)
+        with bar:
+            report = import_paths(paths, home, fmt=fmt, classifier=Classifier(rules, force=workload),
+                                  redact=patterns, options=ImportOptions(synthesize=synthesize, trace_start=start),
+                                  replace=replace, on_file=on_file)
     except TrafficError as e:
         fail(str(e))
     except PoolWriteError as e:
