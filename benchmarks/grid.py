@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from autotune.core import _measure
+from autotune.core._progress import Progress  # noqa: E402
 from autotune.traffic import _replayset  # noqa: E402
 from autotune.engines import _registry  # noqa: E402
 from autotune.core._signals import graceful_stop  # noqa: E402
@@ -178,6 +179,7 @@ def _main(argv=None) -> int:
     ap.add_argument("--home", default=str(ROOT / ".autotune"))
     ap.add_argument("--requests", type=int, help="measure only the first N measured requests (a short protocol)")
     ap.add_argument("--max-tokens", type=int, help="cap each request's max_tokens (a short protocol)")
+    ap.add_argument("--quiet", "-q", action="store_true", help="no progress bar on stderr (none off a terminal)")
     args = ap.parse_args(argv)
     for name in ("requests", "max_tokens"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
@@ -201,40 +203,51 @@ def _main(argv=None) -> int:
         print(f"grid {spec.workload}: {len(configs)} configs x {args.starts} starts, "
               f"{len(search)} requests each, concurrency {spec.replay.concurrency}", flush=True)
         out.parent.mkdir(parents=True, exist_ok=True)
-        for rnd in range(args.starts):
-            order = list(configs)
-            random.Random(f"{spec.workload}-{rnd}").shuffle(order)
-            for cfg in order:
-                key = canonical(cfg)
-                if sum(1 for r in rows if r["config_key"] == key and r.get("ok")) > rnd:
-                    continue
-                t0 = time.monotonic()
-                row = {"workload": spec.workload, "config_key": key, "config": cfg, "round": rnd,
-                       "replay_digest": rs.digest, "vllm_version": caps.version,
-                       "concurrency": spec.replay.concurrency, "at": time.time(),
-                       **({"protocol": protocol} if protocol else {})}
-                try:
-                    m = measure(spec, cfg, search, warmup, Path(args.home) / "logs" / "grid" /
-                                f"{spec.workload}-{rnd}-{len(rows)}.log", command,
-                                extra_args=caps.per_request_metrics_args(cfg is not None), windows=more)
-                    row.update(ok=True, tpot_ms=m.tpot_ms, tags=m.tags, tpot_source=m.tpot_source,
-                               start_seconds=m.start_seconds,
-                               acceptance_length=m.spec_delta.get("acceptance_length"),
-                               per_position_rates=m.spec_delta.get("per_position_rates"),
-                               spec_delta=m.spec_delta, requests=len(m.tpot_ms),
-                               output_throughput=m.summary.get("output_throughput_tok_s"),
-                               failed=m.summary.get("failed"),
-                               **({"windows": m.summary["windows"]} if "windows" in m.summary else {}))
-                except TrialFailed as e:
-                    row.update(ok=False, error=e.reason)
-                rows.append(row)
-                with out.open("a") as fh:
-                    fh.write(json.dumps(row) + "\n")
-                tp = f"{_measure.summarize(row['tpot_ms'], spec.objective.statistic):.2f} ms" \
-                    if row.get("ok") else row.get("error")
-                print(f"  round {rnd} {label(cfg):40s} {tp}  ({time.monotonic() - t0:.0f}s)", flush=True)
+        todo = sum(max(0, args.starts - sum(1 for r in rows if r["config_key"] == canonical(c) and r.get("ok")))
+                   for c in configs)
+        with Progress(todo, desc=f"grid {spec.workload}", unit="start", quiet=args.quiet) as bar:
+            _grid(args, spec, configs, rows, out, caps, rs, warmup, search, more, command, protocol, bar)
     print(report(rows, spec.objective.statistic))
     return 0
+
+
+def _grid(args, spec, configs, rows, out, caps, rs, warmup, search, more, command, protocol, bar) -> None:
+    """Each configuration's missing starts, round by round in a shuffled order; rows appended as they end."""
+    done = 0
+    for rnd in range(args.starts):
+        order = list(configs)
+        random.Random(f"{spec.workload}-{rnd}").shuffle(order)
+        for cfg in order:
+            key = canonical(cfg)
+            if sum(1 for r in rows if r["config_key"] == key and r.get("ok")) > rnd:
+                continue
+            t0 = time.monotonic()
+            row = {"workload": spec.workload, "config_key": key, "config": cfg, "round": rnd,
+                   "replay_digest": rs.digest, "vllm_version": caps.version,
+                   "concurrency": spec.replay.concurrency, "at": time.time(),
+                   **({"protocol": protocol} if protocol else {})}
+            try:
+                m = measure(spec, cfg, search, warmup, Path(args.home) / "logs" / "grid" /
+                            f"{spec.workload}-{rnd}-{len(rows)}.log", command,
+                            extra_args=caps.per_request_metrics_args(cfg is not None), windows=more)
+                row.update(ok=True, tpot_ms=m.tpot_ms, tags=m.tags, tpot_source=m.tpot_source,
+                           start_seconds=m.start_seconds,
+                           acceptance_length=m.spec_delta.get("acceptance_length"),
+                           per_position_rates=m.spec_delta.get("per_position_rates"),
+                           spec_delta=m.spec_delta, requests=len(m.tpot_ms),
+                           output_throughput=m.summary.get("output_throughput_tok_s"),
+                           failed=m.summary.get("failed"),
+                           **({"windows": m.summary["windows"]} if "windows" in m.summary else {}))
+            except TrialFailed as e:
+                row.update(ok=False, error=e.reason)
+            rows.append(row)
+            with out.open("a") as fh:
+                fh.write(json.dumps(row) + "\n")
+            tp = f"{_measure.summarize(row['tpot_ms'], spec.objective.statistic):.2f} ms" \
+                if row.get("ok") else row.get("error")
+            bar.echo(f"  round {rnd} {label(cfg):40s} {tp}  ({time.monotonic() - t0:.0f}s)")
+            done += 1
+            bar.set(done, postfix=f"round {rnd}")
 
 
 if __name__ == "__main__":

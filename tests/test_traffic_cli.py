@@ -160,3 +160,19 @@ def test_a_symlink_planted_at_the_pool_lock_is_refused(env):
     assert (r.exit_code, type(r.exception)) == (4, SystemExit), r.output
     assert "is a symlink: refused (not followed)" in r.output and victim.read_text() == "keep me\n"
     assert sorted(p.name for p in (env / "home" / "traffic").iterdir()) == [".lock"]
+
+
+def test_traffic_list_json_is_plain_json_of_the_pools(env):
+    r = CliRunner().invoke(main, ["traffic", "list", "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout) == []
+    lines, _ = gateway_lines()
+    write_gz(env / "logs" / "gw-1.jsonl.gz", lines)
+    assert _run("traffic", "import", str(env / "logs" / "gw-1.jsonl.gz")).exit_code == 0
+    plain = _run("traffic", "list").output.splitlines()
+    r = CliRunner().invoke(main, ["traffic", "list", "--json"])
+    assert r.exit_code == 0, r.output
+    pools = json.loads(r.stdout)
+    assert [p["workload"] for p in pools] == [ln.split()[0] for ln in plain]
+    for p, ln in zip(pools, plain):
+        assert f"{p['requests']:7d} requests  {p['first']} .. {p['last']}" in ln
+        assert Path(p["path"]).exists() and p["synthetic"] == 0 and p["unreadable_lines"] == 0

@@ -16,10 +16,9 @@ import click
 from autotune.core._settings import Settings
 from autotune.core._spec import SpecError, find_spec, load_spec
 from autotune.core._store import StoreError, check_url, error_line, has_password, safe_url, scrub
-from autotune.search._space import label
 
-EXIT_OK, EXIT_INPUT, EXIT_ENGINE, EXIT_WRITE, EXIT_INTERRUPTED = 0, 2, 3, 4, 130
-EXIT_SOFTWARE = 70  # EX_SOFTWARE: an error autotune has no message for (a bug); never 1, which drift check means
+from autotune.core._exit import (EXIT_ENGINE, EXIT_INPUT, EXIT_INTERRUPTED, EXIT_OK, EXIT_SOFTWARE,  # noqa: F401
+                                 EXIT_WRITE)
 
 
 def fail(msg: str, code: int = EXIT_INPUT) -> None:
@@ -104,10 +103,22 @@ def checked_storage(url: str) -> str:
         fail(str(e), EXIT_ENGINE)
 
 
-def study_summaries(url: str, include_best_trial: bool = False) -> list:
-    """Optuna's study summaries in ``url``; a database that cannot be read is exit 3 (URL masked)."""
+def quiet_optuna():
+    """Optuna, imported when a command needs it (``autotune --help`` loads none of it), with its
+    INFO lines off below ``-vv``: failed trials are reported on the progress line, without
+    Optuna's traceback."""
     import optuna
 
+    ctx = click.get_current_context(silent=True)
+    verbose = (ctx.find_root().params.get("verbose") or 0) if ctx is not None else 0
+    if verbose < 2:
+        optuna.logging.set_verbosity(optuna.logging.ERROR)
+    return optuna
+
+
+def study_summaries(url: str, include_best_trial: bool = False) -> list:
+    """Optuna's study summaries in ``url``; a database that cannot be read is exit 3 (URL masked)."""
+    optuna = quiet_optuna()
     checked_storage(url)
     try:
         return optuna.get_all_study_summaries(url, include_best_trial=include_best_trial)
@@ -143,8 +154,45 @@ def hand_edited(rec_dir: str, workload: str):
 
 def print_event(e) -> None:
     """One line per finished trial (``_study.TrialEvent``)."""
+    click.echo(event_line(e))
+
+
+def event_line(e) -> str:
+    from autotune.search._space import label
+
     value = f"{e.value:7.2f} ms" if e.value is not None else "      -   "
     best = f"{e.best:7.2f} ms" if e.best is not None else "      -   "
     note = f"  [{e.note[:90]}]" if e.note else ""
-    click.echo(f"trial {e.number:3d} {e.role:8s} {label(e.config):34s} {e.state:8s} "
-               f"tpot {value}  best {best}  starts {e.server_starts:2d}  {e.elapsed_s:6.0f}s{note}")
+    return (f"trial {e.number:3d} {e.role:8s} {label(e.config):34s} {e.state:8s} "
+            f"tpot {value}  best {best}  starts {e.server_starts:2d}  {e.elapsed_s:6.0f}s{note}")
+
+
+def run_and_exit(req, quiet: bool = False) -> None:
+    """Run ``req`` (``ops._runner.execute``), one line per trial as it goes and a bar of the
+    server starts against the budget on a terminal's stderr (not with ``quiet``), then say the
+    run's closing lines and exit with its code."""
+    from autotune.core._progress import Progress
+    from autotune.ops._runner import execute, render
+
+    quiet_optuna()
+    with Progress(_starts_budget(req), desc=f"{req.workload}: server starts", unit="start", quiet=quiet) as bar:
+        def on_event(e) -> None:
+            bar.echo(event_line(e))
+            bar.set(e.server_starts, postfix=f"trial {e.number}" + (f", best {e.best:.2f} ms" if e.best else ""))
+
+        result = execute(req, echo=bar.echo, on_event=on_event)
+    render(result, lambda msg, err=False: click.echo(msg, err=err))
+    sys.exit(result.exit_code)
+
+
+def _starts_budget(req) -> int | None:
+    """The bar's total: the run's ``max_server_starts`` (None when the spec cannot be read: the
+    run says why)."""
+    from autotune.core._settings import get_settings
+
+    if req.max_server_starts:
+        return req.max_server_starts
+    try:
+        return load_spec(req.spec_path or find_spec(req.workload, get_settings().studies_dir)).budget.max_server_starts
+    except (SpecError, OSError, ValueError):
+        return None

@@ -1,6 +1,7 @@
 """Command line: ``autotune study start --workload code`` and friends.
 
-Exit codes (stable; cron and the daemon read them; see ``autotune.ops._runner``):
+Exit codes (stable; cron and the daemon read them; ``autotune.core._exit``, mapped from failures in
+``autotune.ops._exit``):
   0  study finished and the recommendation was written (any decision); with --if-stale, still fresh
   2  bad input: invalid spec, replay set, traffic, model path, option, a field this vLLM lacks
      (the message names file, field and line)
@@ -19,19 +20,14 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 
 import click
 
-from autotune.cli._common import (EXIT_ENGINE, EXIT_INPUT, EXIT_INTERRUPTED, EXIT_SOFTWARE, EXIT_WRITE, fail,
-                                  load_recommendation, print_event, spec_for, storage_options, study_summaries)
+from autotune.cli._common import (EXIT_ENGINE, EXIT_INPUT, EXIT_INTERRUPTED, fail, load_recommendation, spec_for,
+                                  storage_options, study_summaries)
 from autotune.core._settings import get_settings
 from autotune.core._store import safe_url
-from autotune.engines._serverlog import engine_note_lines
-from autotune.cli._common import hand_edited, run_storage
-from autotune.search._record import read_study
-from autotune.search._space import label
-from autotune.search._trial import noise_text
+from autotune.cli._common import hand_edited, quiet_optuna, run_and_exit, run_storage
 
 
 class _Main(click.Group):
@@ -49,28 +45,25 @@ class _Main(click.Group):
         except KeyboardInterrupt:  # click would say "Aborted!" and exit 1
             fail("interrupted", EXIT_INTERRUPTED)
         except Exception as e:  # noqa: BLE001  (the last resort, see the class doc)
-            import errno
             import os
             import traceback
 
-            from pydantic import ValidationError
-
             from autotune.core._store import scrub
+            from autotune.ops._exit import exit_code
 
             if logging.getLogger().isEnabledFor(logging.DEBUG):
                 traceback.print_exc()
-            if isinstance(e, ValidationError) and e.title == "Settings":  # AUTOTUNE__METRICS_PORT=abc
+            code = exit_code(e, foreseen=False)
+            if code == EXIT_INPUT:  # AUTOTUNE__METRICS_PORT=abc
                 fail("; ".join(f"setting AUTOTUNE__{'.'.join(map(str, err['loc'])).upper()}: {err['msg']}"
-                               for err in e.errors()), EXIT_INPUT)
+                               for err in e.errors()), code)
             storage = os.environ.get("AUTOTUNE__STORAGE")
             if isinstance(e, ImportError):  # an optional dependency this command needs is not installed
-                fail(scrub(f"{e} (a dependency this command needs is missing)", storage), EXIT_ENGINE)
+                fail(scrub(f"{e} (a dependency this command needs is missing)", storage), code)
             if isinstance(e, OSError) and e.filename:
-                code = EXIT_WRITE if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES,
-                                                 errno.EPERM, errno.EFBIG) else EXIT_SOFTWARE
                 fail(scrub(f"{e.filename}: {e.strerror or e}", storage), code)
             fail(scrub(f"unexpected {type(e).__name__}: {e} (a bug in autotune; -vv prints the traceback)",
-                       storage), EXIT_SOFTWARE)
+                       storage), code)
 
 
 @click.group(cls=_Main)
@@ -80,10 +73,6 @@ def main(verbose: int) -> None:
     """Tune vLLM speculative decoding per workload, on replayed production traffic."""
     level = logging.WARNING - 10 * min(verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if verbose < 2:  # failed trials are reported on the progress line, without Optuna's traceback
-        import optuna
-
-        optuna.logging.set_verbosity(optuna.logging.ERROR)
 
 
 @main.group()
@@ -109,52 +98,63 @@ def study() -> None:
 @click.option("--if-stale", "if_stale", metavar="AGE",
               help="do nothing (exit 0) if the last successful run finished less than AGE ago (20h, 90m, 1d)")
 @click.option("--wait", "wait_for_gpu", is_flag=True, help="wait for the GPU lock instead of exiting 75")
+@click.option("--quiet", "-q", is_flag=True, help="no progress bar (there is none off a terminal)")
 def study_start(workload, spec_path, storage, study_name, max_trials, max_server_starts, pause_after_starts,
-                pause_after_minutes, nightly, if_stale, wait_for_gpu) -> None:
+                pause_after_minutes, nightly, if_stale, wait_for_gpu, quiet) -> None:
     """Run one study now, in the foreground, and write recommendations/<workload>.json.
 
     Exit codes: 0 written (or fresh with --if-stale, or paused by --pause-after-starts/-minutes), 2 bad input, 3 engine or database
     unusable, 4 recommendation not writable, 5 replay does not reproduce production (fidelity
     gate), 75 GPU busy, 130 interrupted (see README)."""
     from autotune.core._schedule import parse_duration
-    from autotune.ops._runner import RunRequest, run
+    from autotune.ops._runner import RunRequest
 
     try:
         stale_s = parse_duration(if_stale) if if_stale else None
     except ValueError as e:
         fail(f"--if-stale: {e}", EXIT_INPUT)
-    sys.exit(run(RunRequest(workload=workload, spec_path=spec_path, storage=storage, study_name=study_name,
+    run_and_exit(RunRequest(workload=workload, spec_path=spec_path, storage=storage, study_name=study_name,
                             max_trials=max_trials, max_server_starts=max_server_starts,
                             pause_after_starts=pause_after_starts, pause_after_minutes=pause_after_minutes,
-                            nightly=nightly,
-                            if_stale_s=stale_s, wait_for_gpu=wait_for_gpu,
-                            kind="cron" if (nightly or if_stale) else "manual"),
-                 on_event=print_event))
+                            nightly=nightly, if_stale_s=stale_s, wait_for_gpu=wait_for_gpu,
+                            kind="cron" if (nightly or if_stale) else "manual"), quiet=quiet)
 
 
 @study.command("list")
 @storage_options("Optuna storage URL (default: every spec's storage)")
-def study_list(storage) -> None:
+@click.option("--json", "as_json", is_flag=True, help="print the list as JSON on stdout (for other tools)")
+def study_list(storage, as_json) -> None:
     """Studies in the storage(s): name, trials, best TPOT. Exit 3 when a database cannot be read."""
     from autotune.cli._ops import spec_storages
 
     settings = get_settings()
     urls = {storage} if storage else spec_storages(settings, default=False)
+    rows = []
     for url in sorted(urls):
         for s in study_summaries(url, include_best_trial=True):
-            best = f"{s.best_trial.value:.2f} ms" if s.best_trial and s.best_trial.value is not None else "-"
-            click.echo(f"{s.study_name:40s} trials {s.n_trials:3d}  best {best:>10s}  {safe_url(url)}")
+            best = s.best_trial.value if s.best_trial and s.best_trial.value is not None else None
+            rows.append({"study": s.study_name, "trials": s.n_trials, "best_tpot_ms": best, "storage": safe_url(url)})
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    for r in rows:
+        best = f"{r['best_tpot_ms']:.2f} ms" if r["best_tpot_ms"] is not None else "-"
+        click.echo(f"{r['study']:40s} trials {r['trials']:3d}  best {best:>10s}  {r['storage']}")
 
 
 @study.command("show")
 @click.argument("workload")
 @storage_options("Optuna storage URL (default: AUTOTUNE__STORAGE, the spec's, or sqlite in .autotune)")
-@click.option("--study-name")
-def study_show(workload, storage, study_name) -> None:
-    """The trials of a workload's latest study, with their measurements. Exit 3 when the database
+@click.option("--study-name", help="a study other than the workload's latest")
+@click.option("--json", "as_json", is_flag=True, help="print the study and its trials as JSON on stdout")
+def study_show(workload, storage, study_name, as_json) -> None:
+    """The trials of WORKLOAD's latest study, with their measurements. Exit 3 when the database
     cannot be read."""
-    import optuna
+    from autotune.search._record import read_study
+    from autotune.search._space import label
+    from autotune.search._trial import noise_text
 
+    optuna = quiet_optuna()
     settings = get_settings()
     spec = spec_for(workload, None, settings)
     url = run_storage(spec, storage, settings)
@@ -165,19 +165,29 @@ def study_show(workload, storage, study_name) -> None:
     if not names:
         fail(f"no study for workload {workload!r} in {safe_url(url)}", EXIT_INPUT)
     record = read_study(optuna.load_study(study_name=names[-1], storage=url))
-    click.echo(f"study {names[-1]} ({safe_url(url)})")
+    trials = []
     for t in record.all_trials:
         m = t.measurement
-        al = t.counters.get("acceptance_length")
-        tp = t.summary.get("output_throughput_tok_s")
-        noise = noise_text(t.noise_attrs())
-        click.echo(f"{t.number:3d} {t.role or '?':8s} {label(t.config):34s} "
-                   f"{t.state:8s} tpot {t.value if t.value is not None else float('nan'):7.2f} ms  "
-                   f"AL {al if al is not None else float('nan'):5.2f}  "
-                   f"tok/s {tp if tp is not None else float('nan'):7.1f}  "
-                   f"start {m.get('start_seconds', float('nan')):5.1f}s"
-                   + (f"  noise: {noise}" if noise else "")
-                   + (f"  error: {t.error[:100]}" if t.error else ""))
+        trials.append({"number": t.number, "role": t.role, "config": t.config, "config_key": t.config_key,
+                       "state": t.state, "tpot_ms": t.value,
+                       "acceptance_length": t.counters.get("acceptance_length"),
+                       "output_throughput_tok_s": t.summary.get("output_throughput_tok_s"),
+                       "start_seconds": m.get("start_seconds"), "noise": noise_text(t.noise_attrs()) or None,
+                       "error": t.error})
+    if as_json:
+        click.echo(json.dumps({"study": names[-1], "storage": safe_url(url), "trials": trials}, indent=2))
+        return
+    click.echo(f"study {names[-1]} ({safe_url(url)})")
+    nan = float("nan")
+    for t in trials:
+        al, tp, start = t["acceptance_length"], t["output_throughput_tok_s"], t["start_seconds"]
+        click.echo(f"{t['number']:3d} {t['role'] or '?':8s} {label(t['config']):34s} "
+                   f"{t['state']:8s} tpot {t['tpot_ms'] if t['tpot_ms'] is not None else nan:7.2f} ms  "
+                   f"AL {al if al is not None else nan:5.2f}  "
+                   f"tok/s {tp if tp is not None else nan:7.1f}  "
+                   f"start {start if start is not None else nan:5.1f}s"
+                   + (f"  noise: {t['noise']}" if t["noise"] else "")
+                   + (f"  error: {t['error'][:100]}" if t["error"] else ""))
 
 
 @main.group()
@@ -189,7 +199,7 @@ def recommend() -> None:
 @click.argument("workload")
 @click.option("--json", "as_json", is_flag=True, help="print the file as is")
 def recommend_show(workload, as_json) -> None:
-    """The current recommendation for a workload (exit 2: none, or a file that is no recommendation)."""
+    """The current recommendation for WORKLOAD (exit 2: none, or a file that is no recommendation)."""
     settings = get_settings()
     spec = spec_for(workload, None, settings)
     rec_dir = settings.recommendations_dir or spec.recommendations_dir
@@ -205,6 +215,7 @@ def recommend_show(workload, as_json) -> None:
 
 def _show_lines(rec: dict) -> list[str]:
     from autotune.decide import _payload
+    from autotune.engines._serverlog import engine_note_lines
 
     out = []
     ev = rec["evidence"]
@@ -242,6 +253,8 @@ def _per_level_lines(per_level: dict | None) -> list[str]:
     """One line per concurrency level of a profile study, then the advice."""
     if not per_level:
         return []
+    from autotune.search._space import label
+
     out = []
     for L, row in per_level["levels"].items():
         rec, best = row.get("recommended") or {}, row["best"]

@@ -12,7 +12,7 @@ import sys
 
 import click
 
-from autotune.cli._common import EXIT_ENGINE, fail, print_event, read_storage_file, storage_options
+from autotune.cli._common import EXIT_ENGINE, fail, print_event, read_storage_file, run_and_exit, storage_options
 from autotune.core._settings import get_settings
 
 
@@ -32,8 +32,10 @@ def daemon() -> None:
 def daemon_run(workloads, run_now, metrics_addr, metrics_port, no_metrics) -> None:
     """Schedule each workload's nightly study (spec `schedule.cron`) and run them one at a time.
     SIGTERM stops the running study cleanly and exits 0; a second daemon on the GPU exits 75."""
+    from autotune.cli._common import quiet_optuna
     from autotune.ops._daemon import Daemon
 
+    quiet_optuna()
     settings = get_settings()
     update = {k: v for k, v in (("metrics_addr", metrics_addr), ("metrics_port", metrics_port)) if v is not None}
     settings = settings.model_copy(update=update)
@@ -43,18 +45,20 @@ def daemon_run(workloads, run_now, metrics_addr, metrics_port, no_metrics) -> No
 
 # ---- worker -------------------------------------------------------------------------------
 @click.command("worker")
-@click.option("--workload", "-w", required=True)
-@click.option("--spec", "spec_path", type=click.Path(dir_okay=False))
+@click.option("--workload", "-w", required=True, help="workload whose study to join (studies/<workload>.yaml)")
+@click.option("--spec", "spec_path", type=click.Path(dir_okay=False),
+              help="study spec file (default: <studies-dir>/<workload>.yaml)")
 @storage_options("the shared Optuna storage (PostgreSQL URL) of the study")
 @click.option("--study-name", help="join this study (default: the one the same inputs name)")
 @click.option("--wait", "wait_for_gpu", is_flag=True, help="wait for this host's GPU lock instead of exiting 75")
-def worker(workload, spec_path, storage, study_name, wait_for_gpu) -> None:
+@click.option("--quiet", "-q", is_flag=True, help="no progress bar (there is none off a terminal)")
+def worker(workload, spec_path, storage, study_name, wait_for_gpu, quiet) -> None:
     """Join a workload's study from another host (or GPU): run trials under this GPU's lock,
     share the search through the storage; the leader (`study start`/daemon) confirms and decides."""
-    from autotune.ops._runner import RunRequest, run
+    from autotune.ops._runner import RunRequest
 
-    sys.exit(run(RunRequest(workload=workload, spec_path=spec_path, storage=storage, study_name=study_name,
-                            wait_for_gpu=wait_for_gpu, kind="worker", worker=True), on_event=print_event))
+    run_and_exit(RunRequest(workload=workload, spec_path=spec_path, storage=storage, study_name=study_name,
+                            wait_for_gpu=wait_for_gpu, kind="worker", worker=True), quiet=quiet)
 
 
 # ---- exporter -----------------------------------------------------------------------------
@@ -145,7 +149,7 @@ def db_migrate(storage) -> None:
 @db.command("report")
 @click.argument("name")
 @storage_options("database URL (default: the first spec's storage)")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="print the rows as JSON on stdout")
 def db_report(name, storage, as_json) -> None:
     """Run the shipped report NAME: latest_recommendations, recommendation_history, failures, runs."""
     from autotune.core._store import StoreError
@@ -196,7 +200,7 @@ def _history_for(workload: str, storage: str | None):
 @click.option("--to", "new_id", help="recommendation id to compare to (default: the latest)")
 @storage_options("database URL (default: AUTOTUNE__STORAGE, the spec's, or sqlite in .autotune)")
 def recommend_diff(workload, old_id, new_id, storage) -> None:
-    """What changed between two recommendations of a workload, and why."""
+    """What changed between two recommendations of WORKLOAD, and why."""
     from autotune.decide import _history
     h = _history_for(workload, storage)
     if len(h) < 2 and not (old_id and new_id):
@@ -221,11 +225,16 @@ def recommend_diff(workload, old_id, new_id, storage) -> None:
 @click.command("history")
 @click.argument("workload")
 @storage_options("database URL (default: AUTOTUNE__STORAGE, the spec's, or sqlite in .autotune)")
-def recommend_history(workload, storage) -> None:
-    """Every recommendation of a workload, newest first."""
+@click.option("--json", "as_json", is_flag=True, help="print the recommendations as JSON on stdout, each as written")
+def recommend_history(workload, storage, as_json) -> None:
+    """Every recommendation of WORKLOAD, newest first."""
     from autotune.decide._history import fmt_config
 
-    for r in _history_for(workload, storage):
+    h = _history_for(workload, storage)
+    if as_json:
+        click.echo(json.dumps(h, indent=2, default=str))
+        return
+    for r in h:
         ev = r.get("evidence") or {}
         drift = r.get("drift") or {}
         sp = f" speedup {ev['speedup']:.2f}x" if isinstance(ev.get("speedup"), (int, float)) else ""

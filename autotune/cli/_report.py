@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from autotune.cli._common import EXIT_INPUT, fail, run_storage, spec_for, storage_options, study_summaries
+from autotune.cli._common import (EXIT_INPUT, fail, quiet_optuna, run_storage, spec_for, storage_options,
+                                  study_summaries)
 
 
 @click.command("report")
@@ -17,15 +18,14 @@ from autotune.cli._common import EXIT_INPUT, fail, run_storage, spec_for, storag
 @storage_options("Optuna storage URL (default: AUTOTUNE__STORAGE, the spec's, or sqlite in .autotune)")
 @click.option("--study-name", help="a study other than the workload's latest")
 def report(workload, out_dir, spec_path, storage, study_name) -> None:
-    """Write a workload's study report: plots and the recommendation."""
-    import optuna
-
+    """Write WORKLOAD's study report: plots and the recommendation."""
     from autotune.core._settings import get_settings
     from autotune.core._store import safe_url
     from autotune.decide import _payload
     from autotune.report._report import ReportError, build
     from autotune.search._record import read_study
 
+    optuna = quiet_optuna()
     settings = get_settings()
     spec = spec_for(workload, spec_path, settings)
     url = run_storage(spec, storage, settings)

@@ -51,8 +51,11 @@ def traffic() -> None:
 @click.option("--trace-start", metavar="ISO", help="wall-clock start of a Mooncake trace (its timestamps are relative)")
 @click.option("--replace", is_flag=True, help="replace the pools of the imported workloads instead of adding to them")
 @click.option("--home", help="working folder (default: AUTOTUNE__HOME or .autotune); pools go to <home>/traffic")
-def traffic_import(paths, fmt, workload, spec_path, studies_dir, redact, synthesize, trace_start, replace, home) -> None:
-    """Import request logs (JSONL, gzip, globs, folders) into per-workload pools."""
+@click.option("--quiet", "-q", is_flag=True, help="no progress bar (there is none off a terminal)")
+def traffic_import(paths, fmt, workload, spec_path, studies_dir, redact, synthesize, trace_start, replace, home,
+                   quiet) -> None:
+    """Import request logs at PATHS (JSONL, gzip, globs, folders) into per-workload pools."""
+    from autotune.core._progress import Progress
     from autotune.traffic._sampling import SampleError, parse_time
     from autotune.traffic._traffic import ImportOptions, PoolWriteError, TrafficError, import_paths
     from autotune.traffic._workloads import Classifier, slug
@@ -67,9 +70,17 @@ def traffic_import(paths, fmt, workload, spec_path, studies_dir, redact, synthes
     except SampleError as e:
         fail(f"--trace-start: {e}")
     home = home or get_settings().home
+    bar = Progress(desc="traffic import", unit="file", quiet=quiet)
+
+    def on_file(done: int, files: int, lines: int) -> None:
+        bar.total(files)
+        bar.set(done, postfix=f"{lines} lines")
+
     try:
-        report = import_paths(paths, home, fmt=fmt, classifier=Classifier(rules, force=workload), redact=patterns,
-                              options=ImportOptions(synthesize=synthesize, trace_start=start), replace=replace)
+        with bar:
+            report = import_paths(paths, home, fmt=fmt, classifier=Classifier(rules, force=workload),
+                                  redact=patterns, options=ImportOptions(synthesize=synthesize, trace_start=start),
+                                  replace=replace, on_file=on_file)
     except TrafficError as e:
         fail(str(e))
     except PoolWriteError as e:
@@ -167,20 +178,30 @@ def traffic_sample(workload, n, since, until, window_hours, all_time, seed, out,
 
 @traffic.command("list")
 @click.option("--home", help="working folder (default: AUTOTUNE__HOME or .autotune)")
-def traffic_list(home) -> None:
+@click.option("--json", "as_json", is_flag=True, help="print the pools as JSON on stdout (for other tools)")
+def traffic_list(home, as_json) -> None:
     """Traffic pools: workload, requests, time range, synthetic rows."""
+    import json
+
     from autotune.traffic._sampling import _iso, read_pool
     from autotune.traffic._traffic import traffic_dir
 
     d = traffic_dir(home or get_settings().home)
-    pools = sorted(d.glob("*.jsonl")) if d.is_dir() else []
+    pools = []
+    for p in sorted(d.glob("*.jsonl")) if d.is_dir() else []:
+        rows, bad = read_pool(p)
+        ts = [r.ts for r in rows if r.ts is not None]
+        pools.append({"workload": p.stem, "path": str(p), "requests": len(rows),
+                      "first": _iso(min(ts)) if ts else None, "last": _iso(max(ts)) if ts else None,
+                      "synthetic": sum(1 for r in rows if r.synthetic), "unreadable_lines": bad})
+    if as_json:
+        click.echo(json.dumps(pools, indent=2))
+        return
     if not pools:
         click.echo(f"no traffic pools in {d}")
         return
     for p in pools:
-        rows, bad = read_pool(p)
-        ts = [r.ts for r in rows if r.ts is not None]
-        syn = sum(1 for r in rows if r.synthetic)
-        span = f"{_iso(min(ts))} .. {_iso(max(ts))}" if ts else "no timestamps"
-        click.echo(f"{p.stem:16s} {len(rows):7d} requests  {span}"
-                   + (f"  {syn} synthetic" if syn else "") + (f"  {bad} unreadable lines" if bad else ""))
+        span = f"{p['first']} .. {p['last']}" if p["first"] else "no timestamps"
+        click.echo(f"{p['workload']:16s} {p['requests']:7d} requests  {span}"
+                   + (f"  {p['synthetic']} synthetic" if p["synthetic"] else "")
+                   + (f"  {p['unreadable_lines']} unreadable lines" if p["unreadable_lines"] else ""))

@@ -80,7 +80,7 @@ def telemetry_scrape(url, window, every_s, out, as_json) -> None:
 @click.argument("path", type=click.Path(dir_okay=False))
 @click.argument("after", required=False, type=click.Path(dir_okay=False))
 @click.option("--window", "window", help="two exposition files: the time between them (for mean running requests)")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="print the derived figures as JSON on stdout")
 def telemetry_show(path, after, window, as_json) -> None:
     """The figures of a bundle (PATH from `scrape --out`), or of two saved exposition files
     (PATH before, AFTER after, e.g. `curl -s host:8000/metrics > before.prom`)."""
@@ -107,14 +107,15 @@ def drift() -> None:
 
 @drift.command("check")
 @click.argument("workload")
-@click.option("--spec", "spec_path", type=click.Path(dir_okay=False))
+@click.option("--spec", "spec_path", type=click.Path(dir_okay=False),
+              help="study spec file (default: <studies-dir>/<workload>.yaml)")
 @click.option("--replay", type=click.Path(dir_okay=False), help="current traffic (default: the spec's replay.path)")
 @click.option("--telemetry", "telemetry_path", type=click.Path(dir_okay=False),
               help="production telemetry bundle (default: the spec's production.telemetry)")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="print the check as JSON on stdout")
 def drift_check(workload, spec_path, replay, telemetry_path, as_json) -> None:
-    """Compare current traffic, production telemetry, engine and clock with what the current
-    recommendation was made on. Prints "no retune needed" with the figures (exit 0) or
+    """Compare WORKLOAD's current traffic, production telemetry, engine and clock with what its
+    current recommendation was made on. Prints "no retune needed" with the figures (exit 0) or
     "retune: <reasons>" (exit 1); 2 bad input."""
     from autotune.ops import _runner
     from autotune.traffic._replayset import ReplaySetError
@@ -149,10 +150,11 @@ def _current(spec) -> dict:
 
 @click.command("mark-deployed")
 @click.argument("workload")
-@click.option("--spec", "spec_path", type=click.Path(dir_okay=False))
+@click.option("--spec", "spec_path", type=click.Path(dir_okay=False),
+              help="study spec file (default: <studies-dir>/<workload>.yaml)")
 @click.option("--note", help="free text kept with the mark (change ticket, canary host)")
 def recommend_mark_deployed(workload, spec_path, note) -> None:
-    """Record that the current recommendation is now live (recommendations/<workload>.deployed.json)."""
+    """Record that WORKLOAD's current recommendation is now live (recommendations/<workload>.deployed.json)."""
     from autotune.decide._history import fmt_config
     from autotune.trust import _drift
 
@@ -166,13 +168,14 @@ def recommend_mark_deployed(workload, spec_path, note) -> None:
 
 @click.command("check")
 @click.argument("workload")
-@click.option("--spec", "spec_path", type=click.Path(dir_okay=False))
+@click.option("--spec", "spec_path", type=click.Path(dir_okay=False),
+              help="study spec file (default: <studies-dir>/<workload>.yaml)")
 @click.option("--telemetry", "telemetry_path", required=True, type=click.Path(dir_okay=False),
               help="production telemetry bundle taken after the deploy (`autotune telemetry scrape --out`)")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="print the comparison as JSON on stdout")
 def recommend_check(workload, spec_path, telemetry_path, as_json) -> None:
-    """Realized vs predicted: production's TPOT, acceptance length and tokens per step against the
-    recommendation's predictions; exit 1 when a figure is outside its canary range."""
+    """Realized vs predicted for WORKLOAD: production's TPOT, acceptance length and tokens per step
+    against the recommendation's predictions; exit 1 when a figure is outside its canary range."""
     from autotune.trust import _drift
     spec = _spec(workload, spec_path)
     rec = _current(spec)

@@ -1,5 +1,6 @@
 """Foundations every stage may use: the study spec, settings from the environment, statistics,
-time and cron helpers, file locks, signal handling and autotune's own SQL store.
+time and cron helpers, file locks, signal handling, autotune's own SQL store, the exit codes and
+the progress bars.
 
 Imports nothing else from autotune: it is the bottom of the pipeline.
 """

@@ -31,9 +31,8 @@ from autotune.core._spec import SpecError, find_spec, load_spec
 from autotune.core._store import Store, StoreError
 from autotune.engines._recovery import owner_alive
 from autotune.ops import _exporter
+from autotune.core._exit import EXIT_INPUT, EXIT_INTERRUPTED
 from autotune.ops._runner import (
-    EXIT_INPUT,
-    EXIT_INTERRUPTED,
     RunRequest,
     _refresh_traffic,
     drift_result,

@@ -1,15 +1,29 @@
 """One run of one workload, start to finish: what `study start`, cron, the daemon and `worker` share.
 
-    spec -> fresh? -> local paths -> GPU lock -> reap orphans -> probe -> (nightly: fresh traffic)
-    -> fields and replay set checked -> run recorded -> study (resumed, warm-started) -> decide
-    -> recommendation + history + table, all or nothing -> run recorded as finished
+A pipeline of named steps, each a function of its own:
+
+    check_request, freshness, check_host   the spec and this host, before anything is written
+    (locks)                                the workload's lead lock, then the GPU's
+    prepare                                orphans reaped, store, probe, (nightly) fresh traffic,
+                                           fields and replay set checked, warm start, run recorded
+    search                                 the study (resumed, warm-started): baseline, search and
+                                           the confirmation rounds (``Study.run``), fed by
+                                           ``confirm_inputs``
+    decide                                 keep / change / disable, and the recommendation built
+    publish                                recommendation + history + table, all or nothing; the
+                                           run recorded as finished
+
+``execute`` runs them and returns a ``RunResult`` (workload, decision, recommendation path,
+trials and server starts, exit code, closing lines) that the caller renders; ``run`` does both
+and returns the exit code. A step that meets a failure it foresees raises ``Failure``; its exit
+code comes from the one table in ``autotune.ops._exit``.
 
 Everything that can be wrong with the input is found before the first write (exit 2), so a
 bad spec or replay set leaves no study, trial or file behind. The GPU lock is held from before
 the probe to after the recommendation is written. SIGTERM/SIGINT at any point stop the server,
 fail the running trial with the reason, record the run as interrupted and return 130.
 
-Exit codes (stable; cron, systemd and the daemon read them):
+Exit codes (stable; cron, systemd and the daemon read them; ``autotune.core._exit``):
   0   recommendation written (any decision), or nothing to do (``--if-stale``: still fresh;
       a worker: its share of the study done)
   2   bad input: spec, replay set, traffic, model path, a field this vLLM lacks
@@ -24,18 +38,20 @@ Exit codes (stable; cron, systemd and the daemon read them):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import time
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from pydantic import ValidationError
 
-from autotune.core._lock import (EX_TEMPFAIL, FileLock, LockDirError, LockHeld, gpu_lock_path, lead_lock_path,
+from autotune.core._exit import EXIT_INTERRUPTED, EXIT_OK
+from autotune.core._lock import (FileLock, LockDirError, LockHeld, gpu_lock_path, lead_lock_path,
                                  servers_dir)
 from autotune.core._schedule import iso, now, parse_iso
 from autotune.core._settings import Settings, get_settings
@@ -47,6 +63,7 @@ from autotune.engines import _affinity, _recovery, _registry
 from autotune.engines._engine import check_compile_cache
 from autotune.engines._probe import ProbeError
 from autotune.engines._serverlog import engine_note_lines
+from autotune.ops._exit import exit_code
 from autotune.search import _preflight
 from autotune.search._record import study_record
 from autotune.search._space import SearchSpace
@@ -59,10 +76,6 @@ from autotune.trust import _drift, _gate
 from autotune.trust._telemetry import load as load_telemetry
 
 log = logging.getLogger(__name__)
-
-EXIT_OK, EXIT_INPUT, EXIT_ENGINE, EXIT_WRITE, EXIT_BUSY, EXIT_INTERRUPTED = 0, 2, 3, 4, EX_TEMPFAIL, 130
-EXIT_FIDELITY = 5
-
 
 @dataclass
 class RunRequest:
@@ -143,243 +156,425 @@ def last_success(store, spec, settings: Settings) -> str | None:
         return None
 
 
+# ---- the result, and the failures the steps foresee --------------------------------------------
+@dataclass
+class RunResult:
+    """What one run did: the caller renders ``messages`` (``render``) and exits with ``exit_code``.
+
+    Lines said while the run goes (warnings, the study's header, waiting for a lock) go to the
+    run's ``echo`` as they happen; ``messages`` are the closing lines: the summary, or the error
+    line and what explains it."""
+
+    workload: str
+    exit_code: int = EXIT_OK
+    outcome: str = "ok"
+    """ok (recommendation written), fresh (``--if-stale``: nothing to do), paused, worker (its
+    share of the study done), failed, interrupted."""
+    decision: str | None = None
+    """keep, change or disable: what the recommendation says; None when nothing was decided."""
+    recommendation: Path | None = None
+    study: str | None = None
+    trials: int | None = None
+    server_starts: int | None = None
+    messages: list[tuple[str, bool]] = field(default_factory=list)
+    """(line, to stderr)."""
+
+    def say(self, msg: str, err: bool = False) -> None:
+        self.messages.append((msg, err))
+
+    def failed(self, f: "Failure") -> "RunResult":
+        for line in f.lines:
+            self.say(line)
+        self.say(f"error: {f}", err=True)
+        self.exit_code, self.outcome = f.code, "failed"
+        return self
+
+    def interrupted(self, msg: str) -> "RunResult":
+        self.say(msg, err=True)
+        self.exit_code, self.outcome = EXIT_INTERRUPTED, "interrupted"
+        return self
+
+
+def render(result: RunResult, echo: Echo) -> None:
+    """Say a run's closing lines."""
+    for msg, err in result.messages:
+        echo(msg, err=err)
+
+
+class Failure(Exception):
+    """A failure a step foresees. Its text is the error line, ``lines`` what is said before it;
+    its exit code is the one ``ops._exit.exit_code`` gives its cause."""
+
+    def __init__(self, msg: str, cause: BaseException, lines: list[str] | tuple = ()):
+        super().__init__(msg)
+        self.cause, self.lines = cause, list(lines)
+
+    @property
+    def code(self) -> int:
+        return exit_code(self.cause)
+
+
+def _failure(e: BaseException, msg: str | None = None) -> Failure:
+    return Failure(str(e) if msg is None else msg, e)
+
+
+@dataclass
+class _Run:
+    """What the steps hand on: the request, its spec, and what each step opened."""
+
+    req: RunRequest
+    spec: object
+    settings: Settings
+    echo: Echo
+    began: float
+    """When the request began (``pause_after_minutes`` counts from it)."""
+    on_event: Callable | None = None
+    pid_dir: Path | None = None
+    store: Store | None = None
+    url: str | None = None
+    engine: object = None
+    command: list[str] = field(default_factory=list)
+    caps: object = None
+    space: SearchSpace | None = None
+    previous: dict | None = None
+    warm: list[dict] = field(default_factory=list)
+    nights: list[dict] = field(default_factory=list)
+    """Earlier nights' recommendations (``_history.history``): their start-to-start noise."""
+    run_id: str | None = None
+    st: Study | None = None
+
+    @property
+    def home(self) -> Path:
+        return Path(self.settings.home).resolve()
+
+    @property
+    def rec_dir(self) -> str:
+        return recommendations_dir(self.spec, self.settings)
+
+    def record_failure(self, f: Failure) -> None:
+        """Keep the failure in the runs table: a row of its own before the run started, else the run's."""
+        if self.store is None:
+            return
+        if self.run_id is None:
+            self.store.record_failed_run(self.spec.workload, self.req.kind, self.settings.gpu, f.code, str(f))
+        elif self.st is None:
+            self.store.finish_run(self.run_id, "failed", f.code, error=str(f))
+        else:
+            _finish(self.store, self.run_id, self.st, "failed", f.code, error=str(f))
+
+
+# ---- the pipeline ---------------------------------------------------------------------------------
 def run(req: RunRequest, settings: Settings | None = None, echo: Echo | None = None,
         on_event=None, stop: StopState | None = None) -> int:
-    """Run it; returns the exit code (see the module doc). Never raises for expected failures."""
+    """Run it, say its closing lines; returns the exit code (see the module doc)."""
+    echo = echo or _default_echo
+    result = execute(req, settings, echo, on_event, stop)
+    render(result, echo)
+    return result.exit_code
+
+
+def execute(req: RunRequest, settings: Settings | None = None, echo: Echo | None = None,
+            on_event=None, stop: StopState | None = None) -> RunResult:
+    """prepare -> (locks) -> search -> decide -> publish. Never raises for expected failures:
+    each is a ``Failure`` the result carries, with its exit code and error line."""
     began = time.monotonic()
     settings = settings or get_settings()
     echo = echo or _default_echo
+    result = RunResult(workload=req.workload)
+    try:
+        spec = check_request(req, settings)
+        if req.if_stale_s is not None and (fresh := freshness(req, spec, settings)):
+            result.outcome = "fresh"
+            result.say(fresh)
+            return result
+        check_host(spec, settings)
+    except Failure as f:
+        return result.failed(f)
+    with graceful_stop(stop) as stop:
+        try:
+            with _locks(req, spec, settings, echo) as lock_dir:
+                r = _Run(req, spec, settings, echo, began, on_event,
+                         pid_dir=servers_dir(lock_dir, settings.gpu))
+                return _locked(r, result)
+        except Failure as f:  # busy, or an unsafe lock folder
+            return result.failed(f)
+        except KeyboardInterrupt as e:  # before or after the study (the study handles its own)
+            return result.interrupted(f"interrupted by {signame_of(e)}")
 
-    def fail(msg: str, code: int) -> int:
-        echo(f"error: {msg}", err=True)
-        return code
 
+def _locked(r: _Run, result: RunResult) -> RunResult:
+    """The steps under the locks; a failure is recorded in the runs table and carried by the result."""
+    try:
+        prepare(r)
+        outcome = search(r)
+        result.study, result.trials = r.st.name, len(outcome.trials)
+        result.server_starts = outcome.server_starts
+        if outcome.paused or r.req.worker:
+            return stopped_early(r, outcome, result)
+        decision, payload = decide(r, outcome)
+        path = publish(r, decision, payload)
+    except Failure as f:
+        r.record_failure(f)
+        return result.failed(f)
+    except KeyboardInterrupt as e:
+        if r.run_id is None:
+            raise
+        return result.interrupted(interrupted(r, signame_of(e)))
+    result.decision, result.recommendation = decision.decision, path
+    for line in summary_lines(decision, payload, outcome):
+        result.say(line)
+    result.say(f"wrote {path}")
+    return result
+
+
+def check_request(req: RunRequest, settings: Settings):
+    """The spec, for this workload, with the request's budget: bad input before anything is written."""
     try:
         spec = load_spec(req.spec_path or find_spec(req.workload, settings.studies_dir))
     except SpecError as e:
-        return fail(str(e), EXIT_INPUT)
+        raise _failure(e) from None
     if spec.workload != req.workload:
-        return fail(f"{spec.source}: field 'workload' is {spec.workload!r}, not {req.workload!r}", EXIT_INPUT)
+        msg = f"{spec.source}: field 'workload' is {spec.workload!r}, not {req.workload!r}"
+        raise Failure(msg, SpecError(msg))
     try:
-        spec = with_budget(spec, max_trials=req.max_trials, max_server_starts=req.max_server_starts)
+        return with_budget(spec, max_trials=req.max_trials, max_server_starts=req.max_server_starts)
     except ValueError as e:
-        return fail(str(e), EXIT_INPUT)
-    if req.if_stale_s is not None:
-        try:
-            store = Store(storage_for(spec, req.storage, settings))
-        except StoreError as e:
-            return fail(str(e), EXIT_ENGINE)
-        last = last_success(store, spec, settings)
-        if last and (now() - parse_iso(last)).total_seconds() < req.if_stale_s:
-            echo(f"{spec.workload}: fresh (last successful run finished {last}, less than "
-                 f"{req.if_stale_s / 3600:g}h ago); nothing to do")
-            return EXIT_OK
+        raise _failure(e) from None
+
+
+def freshness(req: RunRequest, spec, settings: Settings) -> str | None:
+    """``--if-stale``: what to say when the last successful run is recent enough, else None."""
+    try:
+        store = Store(storage_for(spec, req.storage, settings))
+    except StoreError as e:
+        raise _failure(e) from None
+    last = last_success(store, spec, settings)
+    if last and (now() - parse_iso(last)).total_seconds() < req.if_stale_s:
+        return (f"{spec.workload}: fresh (last successful run finished {last}, less than "
+                f"{req.if_stale_s / 3600:g}h ago); nothing to do")
+    return None
+
+
+def check_host(spec, settings: Settings) -> None:
+    """This host's settings and the spec's local paths (model, drafts, compile cache)."""
     try:
         _affinity.placement(settings.server_cpus, settings.client_cpus)
         check_compile_cache(settings.vllm_compile_cache)
         _preflight.check_paths(spec)
     except (SpecError, ValueError) as e:  # ValueError: a setting (AUTOTUNE__SERVER_CPUS, ...)
-        return fail(str(e), EXIT_INPUT)
+        raise _failure(e) from None
+
+
+@contextlib.contextmanager
+def _locks(req: RunRequest, spec, settings: Settings, echo: Echo):
+    """The workload's lead lock (not for a worker), then the GPU's; held until the run ends.
+    Busy is a Failure naming the holder (exit 75, or waits with ``wait_for_gpu``)."""
     lock_dir = settings.lock_path()
     lead = None if req.worker else FileLock(lead_lock_path(lock_dir, spec.workload))
     lock = FileLock(gpu_lock_path(lock_dir, settings.gpu))
     what = f"{req.kind} study of {spec.workload} on GPU {settings.gpu}"
-    with graceful_stop(stop) as stop:
+    try:
         try:
-            try:
-                if lead is not None:  # one leader per workload: a second confirms and decides nothing twice
-                    lead.acquire(what=what, wait=req.wait_for_gpu, gpu=settings.gpu,
-                                 on_wait=lambda h: echo(f"workload {spec.workload} is being studied ({_holder(h)}); "
-                                                        "waiting"))
-                lock.acquire(what=what, wait=req.wait_for_gpu,
-                             on_wait=lambda h: echo(f"GPU {settings.gpu} is busy ({_holder(h)}); waiting"))
-            except LockHeld as e:
-                if lead is not None:
-                    lead.release()
-                same_gpu = e.holder.get("gpu") == settings.gpu and e.holder.get("host") == socket.gethostname()
-                if lead is not None and e.path == lead.path and not same_gpu:  # on this GPU: it is busy, below
-                    return fail(f"workload {spec.workload} is being studied already: {_holder(e.holder)}; one "
-                                f"leader per workload (lock {e.path}); rerun later, pass --wait, or join its study "
-                                f"from this GPU with `autotune worker --workload {spec.workload}`", EXIT_BUSY)
-                return fail(f"GPU {settings.gpu} is busy: {_holder(e.holder)}; one study per GPU "
-                            f"(lock {lock.path}); rerun later or pass --wait", EXIT_BUSY)
-            except LockDirError as e:
-                if lead is not None:
-                    lead.release()
-                return fail(e.strerror, EXIT_INPUT)
-            try:
-                return _locked(req, spec, settings, echo, on_event, lock_dir, stop, began)
-            finally:
-                lock.release()
-                if lead is not None:
-                    lead.release()
-        except KeyboardInterrupt as e:  # before or after the study (the study handles its own)
-            echo(f"interrupted by {signame_of(e)}", err=True)
-            return EXIT_INTERRUPTED
+            if lead is not None:  # one leader per workload: a second confirms and decides nothing twice
+                lead.acquire(what=what, wait=req.wait_for_gpu, gpu=settings.gpu,
+                             on_wait=lambda h: echo(f"workload {spec.workload} is being studied ({_holder(h)}); "
+                                                    "waiting"))
+            lock.acquire(what=what, wait=req.wait_for_gpu,
+                         on_wait=lambda h: echo(f"GPU {settings.gpu} is busy ({_holder(h)}); waiting"))
+        except LockHeld as e:
+            same_gpu = e.holder.get("gpu") == settings.gpu and e.holder.get("host") == socket.gethostname()
+            if lead is not None and e.path == lead.path and not same_gpu:  # on this GPU: it is busy, below
+                raise _failure(e, f"workload {spec.workload} is being studied already: {_holder(e.holder)}; one "
+                                  f"leader per workload (lock {e.path}); rerun later, pass --wait, or join its "
+                                  f"study from this GPU with `autotune worker --workload {spec.workload}`") from None
+            raise _failure(e, f"GPU {settings.gpu} is busy: {_holder(e.holder)}; one study per GPU "
+                              f"(lock {lock.path}); rerun later or pass --wait") from None
+        except LockDirError as e:
+            raise _failure(e, e.strerror) from None
+        yield lock_dir
+    finally:
+        lock.release()
+        if lead is not None:
+            lead.release()
 
 
 def _holder(h: dict) -> str:
     return f"held by pid {h.get('pid')} on {h.get('host')}: {h.get('what')} since {h.get('since')}" if h else "held"
 
 
-def _locked(req: RunRequest, spec, settings: Settings, echo: Echo, on_event, lock_dir: Path,
-            stop: StopState, began: float) -> int:
-    """The run under the GPU lock; ``began``: when the request began (``pause_after_minutes`` counts from it)."""
-    def fail(msg: str, code: int) -> int:
-        echo(f"error: {msg}", err=True)
-        return code
-
-    pid_dir = servers_dir(lock_dir, settings.gpu)
-    for r in _recovery.reap_orphans(pid_dir):
-        echo(f"  stopped an orphaned vllm serve (pgid {r['pgid']}, port {r['port']}) left by dead process "
-             f"{(r.get('owner') or {}).get('pid')}")
+def prepare(r: _Run) -> None:
+    """Everything before the first server start: orphans reaped, the store opened, the engine
+    probed, (nightly) fresh traffic, the spec's fields and replay set checked against this
+    engine, the warm start, and the run recorded as started."""
+    req, spec, settings, echo = r.req, r.spec, r.settings, r.echo
+    for o in _recovery.reap_orphans(r.pid_dir):
+        echo(f"  stopped an orphaned vllm serve (pgid {o['pgid']}, port {o['port']}) left by dead process "
+             f"{(o.get('owner') or {}).get('pid')}")
     try:
-        url = storage_for(spec, req.storage, settings)
-        store = Store(url)
+        r.url = storage_for(spec, req.storage, settings)
+        r.store = Store(r.url)
     except StoreError as e:
-        return fail(str(e), EXIT_ENGINE)
-    for r in store.mark_dead_runs(socket.gethostname(), lambda pid: _recovery.owner_alive({"pid": pid})):
-        echo(f"  run {r['run_id']} of {r['workload']} (pid {r['pid']}) had died; marked interrupted")
-    engine = _registry.for_spec(spec)
-    command = (settings.vllm_argv() if engine.kind == "vllm" else None) or list(spec.engine.command)
-    home = Path(settings.home).resolve()
-    rec_dir = recommendations_dir(spec, settings)
-
-    def failed_before_start(msg: str, code: int) -> int:
-        store.record_failed_run(spec.workload, req.kind, settings.gpu, code, msg)
-        return fail(msg, code)
-
+        raise _failure(e) from None
+    for d in r.store.mark_dead_runs(socket.gethostname(), lambda pid: _recovery.owner_alive({"pid": pid})):
+        echo(f"  run {d['run_id']} of {d['workload']} (pid {d['pid']}) had died; marked interrupted")
+    r.engine = _registry.for_spec(spec)
+    r.command = (settings.vllm_argv() if r.engine.kind == "vllm" else None) or list(spec.engine.command)
     try:
-        caps = engine.probe(command, settings.vllm_python or spec.engine.python, spec.engine.env, home / "cache")
+        r.caps = r.engine.probe(r.command, settings.vllm_python or spec.engine.python, spec.engine.env,
+                                r.home / "cache")
     except ProbeError as e:
-        return failed_before_start(str(e), EXIT_ENGINE)
+        raise _failure(e) from None
     if req.nightly:
         try:
-            _refresh_traffic(spec, home, echo)
+            _refresh_traffic(spec, r.home, echo)
         except ValueError as e:  # SampleError, TrafficError: unreadable or empty traffic
-            return failed_before_start(f"traffic for {spec.workload}: {e}", EXIT_INPUT)
+            raise _failure(e, f"traffic for {spec.workload}: {e}") from None
         except OSError as e:  # the fresh replay set could not be written: the previous one is intact
-            return failed_before_start(f"traffic for {spec.workload}: cannot write {e.filename or spec.replay.path}: "
-                                       f"{e.strerror or e}", EXIT_WRITE)
-    space = SearchSpace.build(spec.space, caps)
+            raise _failure(e, f"traffic for {spec.workload}: cannot write {e.filename or spec.replay.path}: "
+                              f"{e.strerror or e}") from None
+    r.space = SearchSpace.build(spec.space, r.caps)
     try:
-        warnings = _preflight.check_fields(spec, caps, space)
+        warnings = _preflight.check_fields(spec, r.caps, r.space)
         _preflight.check_replay(spec)
         if spec.production.telemetry:  # the fidelity gate's input, read before any server start
             load_telemetry(spec.production.telemetry)
     except (SpecError, ReplaySetError, ValueError) as e:
-        return failed_before_start(str(e), EXIT_INPUT)
-    previous = _history.previous(spec.workload, rec_dir, store)
-    warm: list[dict] = []
+        raise _failure(e) from None
+    r.previous = _history.previous(spec.workload, r.rec_dir, r.store)
     if req.nightly:
-        spec, warm = _warm_start(spec, previous, echo)
-    echo(f"autotune: workload {spec.workload}, {engine.name} {caps.version}, model {spec.model}, "
-         f"concurrency {spec.replay.concurrency}")
+        r.spec, r.warm = _warm_start(spec, r.previous, echo)
+    echo(f"autotune: workload {r.spec.workload}, {r.engine.name} {r.caps.version}, model {r.spec.model}, "
+         f"concurrency {r.spec.replay.concurrency}")
     for w in warnings:
         echo(f"  warning: {w}")
-    for m, why in space.dropped.items():
+    for m, why in r.space.dropped.items():
         echo(f"  dropped method {m}: {why}")
-    if not space.methods:
+    if not r.space.methods:
         echo("  no speculative method can run here: only the baseline will be measured")
-    run_id = store.start_run(spec.workload, req.kind, settings.gpu)
-    st = None
+    r.run_id = r.store.start_run(r.spec.workload, req.kind, settings.gpu)
+
+
+def search(r: _Run):
+    """Open (or resume) the study and run it: the baseline, the search and, for the leader, the
+    confirmation rounds (``Study.run``), fed with what the confirmation needs from the decision
+    (``confirm_inputs``). Returns the ``StudyOutcome``."""
+    req, spec = r.req, r.spec
     try:
-        try:
-            st = Study(spec, caps, space, url, command, home, study_name=req.study_name, on_event=on_event,
-                       store=store, pid_dir=pid_dir, warm_start=warm, leader=not req.worker, run_id=run_id,
-                       sampler_seed=_worker_seed(spec.seed) if req.worker else None, hardware=settings.hardware,
-                       fidelity_check=_gate.fidelity_check, pause_after_starts=req.pause_after_starts,
-                       pause_after_minutes=req.pause_after_minutes, window_began=began)
-        except (ReplaySetError, ValueError) as e:
-            store.finish_run(run_id, "failed", EXIT_INPUT, error=str(e))
-            return fail(str(e), EXIT_INPUT)
-        store.set_run_study(run_id, st.name)
-        echo(f"  study {st.name} in {safe_url(url)}; {len(st.search_reqs)} requests per start, "
-             f"space of {space.size()} configs; budget {spec.budget.max_trials} trials, "
-             f"{spec.budget.max_server_starts} starts, {spec.budget.max_wall_minutes:g} min"
-             + ("; joined as a worker" if req.worker else ""))
-        for note in st.notes:
-            echo(f"  {note}")
-        nights = _history.history(spec.workload, rec_dir, store)  # earlier nights' start-to-start variance
-        prior = _noise.prior_noise(study_record(st), nights)["speculative"]  # the predictor's intervals carry it too
-        st.set_noise_prior(prior.sd, prior.df)
-        st.confirm_open = lambda: _decision.open_question(study_record(st), nights)
-        try:
-            outcome = st.run()
-        except TrialFailed as e:
-            _finish(store, run_id, st, "failed", EXIT_ENGINE, error=e.reason)
-            return fail(e.reason, EXIT_ENGINE)
-        except _gate.FidelityFailed as e:
-            for line in _gate.lines(e.result):
-                echo(f"  {line}")
-            msg = (f"the replay does not reproduce production ({'; '.join(e.result['off'])}); no recommendation "
-                   f"written, the previous one is unchanged")
-            _finish(store, run_id, st, "failed", EXIT_FIDELITY, error=msg)
-            return fail(msg, EXIT_FIDELITY)
-        if outcome.paused:
-            _finish(store, run_id, st, "paused", EXIT_OK)
-            echo(f"{outcome.stopped_because}; {outcome.server_starts} server starts in the study so far, "
-                 f"no recommendation written yet")
-            return EXIT_OK
-        if req.worker:
-            _finish(store, run_id, st, "ok", EXIT_OK)
-            echo(f"worker done: {outcome.stopped_because}; {outcome.server_starts} server starts in the study")
-            return EXIT_OK
-        record = study_record(st)  # the study as decide, trust and the payload read it
-        decision = _decision.damp(_decision.decide(record, nights), record, previous)
-        payload = _payload.build(record, decision, outcome)
-        payload["drift"] = _history.drift_block(record, payload, previous, spec.drift.min_acceptance_rate)
-        payload["fidelity"] = record.fidelity or _gate.not_checked(
-            "no production telemetry in the spec (production.telemetry)")
-        try:  # engine fingerprint, traffic profile, predicted figures, canary ranges, kill criteria
-            payload.update(_drift.trust_blocks(record, payload, payload["fidelity"]))
-        except Exception as e:  # never lose a study's recommendation over its auxiliary fields
-            log.warning("cannot derive the canary fields: %s", e)
-            payload["canary_error"] = f"{type(e).__name__}: {e}"
-        payload["run"] = {"id": run_id, "kind": req.kind, "host": socket.gethostname(), "gpu": settings.gpu,
-                          "nightly": req.nightly}
-        try:
-            path = _history.write(payload, rec_dir, store, run_id)
-        except OSError as e:
-            where = getattr(e, "filename", None) or rec_dir
-            msg = f"cannot write {where}: {e.strerror or e}; the previous recommendation is unchanged"
-            _finish(store, run_id, st, "failed", EXIT_WRITE, error=msg)
-            return fail(msg, EXIT_WRITE)
-        _finish(store, run_id, st, "ok", EXIT_OK, decision=decision.decision)
-    except KeyboardInterrupt as e:
-        reason = interrupted_attrs(signame_of(e))["error"]
-        if st is not None:
-            if st.current_server is not None:
-                st.current_server.stop()
-            st.fail_own_running(signame_of(e))
-            _finish(store, run_id, st, "interrupted", EXIT_INTERRUPTED, error=reason)
-        else:
-            store.finish_run(run_id, "interrupted", EXIT_INTERRUPTED, error=reason)
-        echo(f"interrupted ({signame_of(e)}): server stopped, running trial marked failed; rerun to resume",
-             err=True)
-        return EXIT_INTERRUPTED
+        r.st = Study(spec, r.caps, r.space, r.url, r.command, r.home, study_name=req.study_name,
+                     on_event=r.on_event, store=r.store, pid_dir=r.pid_dir, warm_start=r.warm,
+                     leader=not req.worker, run_id=r.run_id,
+                     sampler_seed=_worker_seed(spec.seed) if req.worker else None, hardware=r.settings.hardware,
+                     fidelity_check=_gate.fidelity_check, pause_after_starts=req.pause_after_starts,
+                     pause_after_minutes=req.pause_after_minutes, window_began=r.began)
+    except (ReplaySetError, ValueError) as e:
+        raise _failure(e) from None
+    st = r.st
+    r.store.set_run_study(r.run_id, st.name)
+    r.echo(f"  study {st.name} in {safe_url(r.url)}; {len(st.search_reqs)} requests per start, "
+           f"space of {r.space.size()} configs; budget {spec.budget.max_trials} trials, "
+           f"{spec.budget.max_server_starts} starts, {spec.budget.max_wall_minutes:g} min"
+           + ("; joined as a worker" if req.worker else ""))
+    for note in st.notes:
+        r.echo(f"  {note}")
+    confirm_inputs(r)
+    try:
+        return st.run()
+    except TrialFailed as e:
+        raise _failure(e, e.reason) from None
+    except _gate.FidelityFailed as e:
+        raise Failure(f"the replay does not reproduce production ({'; '.join(e.result['off'])}); no "
+                      f"recommendation written, the previous one is unchanged", e,
+                      lines=[f"  {line}" for line in _gate.lines(e.result)]) from None
+
+
+def confirm_inputs(r: _Run) -> None:
+    """What the study's confirmation rounds take from the decision: the start-to-start noise of
+    earlier nights (the predictor's intervals carry it too), and whether the decision is still open
+    (more rounds while it is)."""
+    r.nights = nights = _history.history(r.spec.workload, r.rec_dir, r.store)
+    prior = _noise.prior_noise(study_record(r.st), nights)["speculative"]
+    r.st.set_noise_prior(prior.sd, prior.df)
+    r.st.confirm_open = lambda: _decision.open_question(study_record(r.st), nights)
+
+
+def stopped_early(r: _Run, outcome, result: RunResult) -> RunResult:
+    """A paused run (its window ended) or a worker (the leader decides): nothing decided."""
+    if outcome.paused:
+        _finish(r.store, r.run_id, r.st, "paused", EXIT_OK)
+        result.outcome = "paused"
+        result.say(f"{outcome.stopped_because}; {outcome.server_starts} server starts in the study so far, "
+                   f"no recommendation written yet")
+    else:
+        _finish(r.store, r.run_id, r.st, "ok", EXIT_OK)
+        result.outcome = "worker"
+        result.say(f"worker done: {outcome.stopped_because}; {outcome.server_starts} server starts in the study")
+    return result
+
+
+def decide(r: _Run, outcome):
+    """keep / change / disable, damped against the previous night, and the recommendation built
+    around it (drift, fidelity, the canary fields, the run). Returns (decision, payload)."""
+    st, spec = r.st, r.spec
+    record = study_record(st)  # the study as decide, trust and the payload read it
+    decision = _decision.damp(_decision.decide(record, r.nights), record, r.previous)
+    payload = _payload.build(record, decision, outcome)
+    payload["drift"] = _history.drift_block(record, payload, r.previous, spec.drift.min_acceptance_rate)
+    payload["fidelity"] = record.fidelity or _gate.not_checked(
+        "no production telemetry in the spec (production.telemetry)")
+    try:  # engine fingerprint, traffic profile, predicted figures, canary ranges, kill criteria
+        payload.update(_drift.trust_blocks(record, payload, payload["fidelity"]))
+    except Exception as e:  # never lose a study's recommendation over its auxiliary fields
+        log.warning("cannot derive the canary fields: %s", e)
+        payload["canary_error"] = f"{type(e).__name__}: {e}"
+    payload["run"] = {"id": r.run_id, "kind": r.req.kind, "host": socket.gethostname(), "gpu": r.settings.gpu,
+                      "nightly": r.req.nightly}
+    return decision, payload
+
+
+def publish(r: _Run, decision, payload) -> Path:
+    """The recommendation, its history copy and the table row, all or nothing; then the run is
+    recorded as finished. A refused write leaves the previous recommendation as it was."""
+    try:
+        path = _history.write(payload, r.rec_dir, r.store, r.run_id)
+    except OSError as e:
+        where = getattr(e, "filename", None) or r.rec_dir
+        raise _failure(e, f"cannot write {where}: {e.strerror or e}; the previous recommendation is "
+                          f"unchanged") from None
+    _finish(r.store, r.run_id, r.st, "ok", EXIT_OK, decision=decision.decision)
+    return path
+
+
+def interrupted(r: _Run, signame: str) -> str:
+    """SIGTERM/SIGINT after the run was recorded: the server stopped, this process's running
+    trial failed with the reason, the run recorded as interrupted. Returns what to say."""
+    reason = interrupted_attrs(signame)["error"]
+    if r.st is not None:
+        if r.st.current_server is not None:
+            r.st.current_server.stop()
+        r.st.fail_own_running(signame)
+        _finish(r.store, r.run_id, r.st, "interrupted", EXIT_INTERRUPTED, error=reason)
+    else:
+        r.store.finish_run(r.run_id, "interrupted", EXIT_INTERRUPTED, error=reason)
+    return f"interrupted ({signame}): server stopped, running trial marked failed; rerun to resume"
+
+
+def summary_lines(decision, payload: dict, outcome) -> list[str]:
+    """What a finished run says: why it stopped, the decision, the figures behind it."""
     ev = payload["evidence"]
-    echo(f"stopped: {outcome.stopped_because}")
-    echo(f"decision: {decision.decision} — {decision.reason}")
+    out = [f"stopped: {outcome.stopped_because}", f"decision: {decision.decision} — {decision.reason}"]
     b = ev["baseline"]["tpot_ms"]
     w = ev.get("winner", {}).get("tpot_ms")
-    echo((f"  baseline {b:.2f} ms" if b is not None else "  baseline: no usable start")
-         + (f", winner {w:.2f} ms" if w else ""))
-    for line in _payload.comparison_lines(ev):
-        echo(f"  {line}")
-    for line in (payload.get("per_level") or {}).get("advice") or []:
-        echo(f"  note: {line}")
-    for line in engine_note_lines(payload.get("engine_notes")):
-        echo(f"  {line}")
-    for note in payload["drift"]["notes"]:
-        echo(f"  drift: {note}")
-    for line in _gate.lines(payload["fidelity"]):
-        echo(f"  {line}")
-    echo(f"  {outcome.server_starts} server starts"
-         + (f" ({outcome.interrupted_starts} stopped by a signal, not counted against the budget)"
-            if outcome.interrupted_starts else "") + f", {len(outcome.trials)} trials, {outcome.wall_s:.0f}s")
-    echo(f"wrote {path}")
-    return EXIT_OK
+    out.append((f"  baseline {b:.2f} ms" if b is not None else "  baseline: no usable start")
+               + (f", winner {w:.2f} ms" if w else ""))
+    out += [f"  {line}" for line in _payload.comparison_lines(ev)]
+    out += [f"  note: {line}" for line in (payload.get("per_level") or {}).get("advice") or []]
+    out += [f"  {line}" for line in engine_note_lines(payload.get("engine_notes"))]
+    out += [f"  drift: {note}" for note in payload["drift"]["notes"]]
+    out += [f"  {line}" for line in _gate.lines(payload["fidelity"])]
+    out.append(f"  {outcome.server_starts} server starts"
+               + (f" ({outcome.interrupted_starts} stopped by a signal, not counted against the budget)"
+                  if outcome.interrupted_starts else "") + f", {len(outcome.trials)} trials, {outcome.wall_s:.0f}s")
+    return out
 
 
 def _finish(store, run_id: str, st, outcome: str, code: int, **kw) -> None:

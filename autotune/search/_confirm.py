@@ -6,9 +6,9 @@ the decision uses none of the search's starts: ``confirm_starts`` fresh starts e
 no-speculation baseline, the deployed incumbent (when it is not the winner) and the winner, on
 the confirmation requests, interleaved round by round so that slow drift of the host hits each
 side alike; then, while the decision is still open (``Confirmation.open``, asked by the caller
-that decides: ``_recommend.open_question``), more rounds up to ``confirm_max_starts``. The looks
+that decides: ``decide._decision.open_question``), more rounds up to ``confirm_max_starts``. The looks
 the budget allows are fixed before the first confirmation start and kept in the study for a
-resumed run: the decision spends its error over exactly these (``_recommend.planned_looks``).
+resumed run: the decision spends its error over exactly these (``decide._noise.planned_looks``).
 Each round's start of a side claims its slot (``confirm/<round>/<config key>``), so a resumed run
 or another worker never repeats one.
 """
@@ -26,7 +26,7 @@ class Confirmation:
 
     def __init__(self):
         self.open: Callable[[], bool] | None = None
-        """Set by the caller that decides (``_recommend.open_question``): one more round?"""
+        """Set by the caller that decides (``decide._decision.open_question``): one more round?"""
         self.record: dict = {}
         """What ran, and why a round did not (``Study.confirmation``), for the decision to state."""
 
@@ -50,7 +50,7 @@ class Confirmation:
     def looks(self, study, sides: int) -> int:
         """The looks the budget allows ``sides`` sides, fixed before the first confirmation start
         (and kept for a resumed run): the decision spends its error over exactly these
-        (``_recommend.planned_looks``)."""
+        (``decide._noise.planned_looks``)."""
         looks = study.study.user_attrs.get("confirm_looks")
         if looks is None:
             done = len(study.trials(role=ROLE_CONFIRM))

@@ -17,7 +17,7 @@ another start too (of whichever of the pair has fewer). With several levels, ban
 (``LOSER_RATIO``, ``known_losers``) gets no more starts, plain or banded.
 
 The policy only chooses what to measure: every recommendation still rests on measured trials
-(``_recommend``).
+(``decide``).
 """
 
 from __future__ import annotations

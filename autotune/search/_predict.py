@@ -14,7 +14,7 @@ With ``replay.mode: profile`` the objective is the traffic-weighted TPOT over th
 level has its own cost fit, and a per-batch-size band schedule (``_bands``) that picks the best
 K at each level is one more candidate (``Predictor.band_candidates``), its step cost carrying the
 bands tax (``Predictor.bands_tax``). What to measure next is the policy's (``_policy``); every
-recommendation still rests on measured trials (``_recommend``).
+recommendation still rests on measured trials (``decide``).
 """
 
 from __future__ import annotations

@@ -89,7 +89,7 @@ class CandidateSampler(BaseSampler):
         self._tried: set[str] = set()
 
     def set_noise_prior(self, sd: float, df: int) -> None:
-        """The start-to-start noise known before tonight (``decide._recommend.prior_noise``: the
+        """The start-to-start noise known before tonight (``decide._noise.prior_noise``: the
         spec's A/A figure and earlier nights' repeats), pooled with this study's own repeats."""
         if df > 0 and sd > 0:
             self.noise_prior = (float(sd), int(df))

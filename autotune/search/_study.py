@@ -18,7 +18,7 @@ Order of work, spending server starts on purpose:
 4. ``confirm_starts`` fresh starts each of baseline, incumbent and winner, interleaved, on
    fresh requests (more rounds up to ``confirm_max_starts`` while the decision is open): the
    decision rests on these starts only, so the winner's selection start (the winner's curse)
-   is not in it (``_confirm``, ``_recommend``, docs/decisions.md).
+   is not in it (``_confirm``, ``decide``, docs/decisions.md).
 
 ``Study`` drives this order and each trial's objective (claim, start, measure, guards); it
 composes the Optuna glue (``_trials``: storage, trial queries, user attributes), the budget and
@@ -271,7 +271,7 @@ class Study:
 
     @property
     def confirm_open(self) -> Callable[[], bool] | None:
-        """Set by the caller that decides (``_recommend.open_question``): one more confirmation round?"""
+        """Set by the caller that decides (``decide._decision.open_question``): one more confirmation round?"""
         return self.confirming.open
 
     @confirm_open.setter

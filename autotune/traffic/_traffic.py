@@ -693,9 +693,11 @@ class ImportReport:
 
 def import_paths(paths: Iterable[str], home: str | Path, *, fmt: str = "auto",
                  classifier: Classifier | None = None, redact: Iterable[str] = (),
-                 options: ImportOptions = ImportOptions(), replace: bool = False) -> ImportReport:
+                 options: ImportOptions = ImportOptions(), replace: bool = False,
+                 on_file: Callable[[int, int, int], None] | None = None) -> ImportReport:
     """Read the logs, tag each usable request with a workload and merge it into that workload's
-    pool. Raises TrafficError (pools untouched) when no line at all is usable."""
+    pool. Raises TrafficError (pools untouched) when no line at all is usable. ``on_file(done,
+    files, lines)`` after each file: files read of how many, lines read so far (a progress bar)."""
     if fmt != "auto" and fmt not in FORMATS:
         raise TrafficError(f"unknown format {fmt!r}; one of auto, {', '.join(sorted(FORMATS))}")
     classifier = classifier or Classifier()
@@ -708,8 +710,10 @@ def import_paths(paths: Iterable[str], home: str | Path, *, fmt: str = "auto",
     with _writing_pools(home), pool_lock(home):
         writer = _PoolWriter(home, replace)
         try:
-            for path in files:
+            for done, path in enumerate(files, 1):
                 report.files.append(_import_file(path, fmt, classifier, redactor, options, writer, report))
+                if on_file is not None:
+                    on_file(done, len(files), report.lines)
             if report.usable == 0:
                 raise TrafficError(_nothing_usable(report))
             sources = {fr.abspath: {"formats": dict(fr.formats), "workloads": dict(fr.workloads)}
