@@ -10,10 +10,14 @@ stays fast, and those imports obey the same direction.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
+
+import pytest
 
 PKG = Path(__file__).resolve().parent.parent / "autotune"
 STAGES = ["core", "traffic", "replay", "engines", "search", "decide", "trust", "report", "ops", "demo", "cli"]
+PACKAGES = STAGES + ["testing"]
 LAZY_OK = {"cli"}
 
 
@@ -70,6 +74,29 @@ def stage_of(mod: str) -> str | None:
     return parts[1] if len(parts) > 1 and parts[1] in STAGES else None
 
 
+def package_of(mod: str) -> str | None:
+    parts = mod.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in PACKAGES else None
+
+
+def may_import(package: str) -> set[str]:
+    """The packages ``autotune/<package>/__init__.py`` says it may import: its docstring's
+    "May import:" sentence names them (``core``, ``traffic``), a range (``core`` .. ``search``:
+    every stage between), or "anything". The docstring is the rule; the test holds the code to it."""
+    doc = ast.get_docstring(ast.parse((PKG / package / "__init__.py").read_text())) or ""
+    m = re.search(r"May import:(.*?)(?:\.\s*$|\.\s+[A-Z])", doc, re.S | re.M)
+    assert m, f"autotune/{package}/__init__.py: no 'May import: ...' sentence in its docstring"
+    text = m.group(1)
+    if "anything" in text:
+        return set(PACKAGES)
+    names = set(re.findall(r"``(\w+)``", text))
+    for lo, hi in re.findall(r"``(\w+)``\s*\.\.\s*``(\w+)``", text):
+        names |= set(STAGES[STAGES.index(lo): STAGES.index(hi) + 1])
+    unknown = names - set(PACKAGES)
+    assert not unknown, f"autotune/{package}/__init__.py names no such package: {sorted(unknown)}"
+    return names
+
+
 def test_every_module_lives_in_a_stage():
     mods, _, _ = import_graph()
     loose = sorted(m for m in mods if m.count(".") == 1 and m.split(".")[1] not in STAGES + ["testing"]
@@ -91,6 +118,38 @@ def test_imports_point_down_the_pipeline():
             if s and ts and STAGES.index(ts) > STAGES.index(s):
                 upward.append(f"{mod} -> {t}")
     assert not upward, "upward imports between stages:\n" + "\n".join(sorted(upward))
+
+
+def test_each_package_imports_only_what_its_init_lists():
+    """Each package's own import list (its ``__init__``'s "May import:"), autotune/testing included:
+    tighter than the pipeline order (demo may import core and traffic, not the engines)."""
+    _, edges, _ = import_graph()
+    allowed = {p: may_import(p) | {p} for p in PACKAGES}
+    bad = sorted(f"{mod} -> {t}" for mod, targets in edges.items() for t in targets
+                 if package_of(mod) and package_of(t) and package_of(t) not in allowed[package_of(mod)])
+    assert not bad, "imports a package's __init__ does not list:\n" + "\n".join(bad)
+
+
+def test_nothing_in_the_tuner_imports_the_test_helpers():
+    _, edges, _ = import_graph()
+    users = sorted(f"{mod} -> {t}" for mod, targets in edges.items() for t in targets
+                   if package_of(t) == "testing" and package_of(mod) != "testing")
+    assert not users, "autotune.testing is for tests and benchmarks only:\n" + "\n".join(users)
+
+
+def test_the_import_list_check_can_fail(tmp_path, monkeypatch):
+    """A demo module importing the engines, which demo's __init__ does not list, is reported."""
+    pkg = tmp_path / "autotune"
+    for p in PACKAGES:
+        (pkg / p).mkdir(parents=True)
+        (pkg / p / "__init__.py").write_text(f'"""{p}.\nMay import: ``core``.\n"""\n')
+    (pkg / "__init__.py").write_text("")
+    (pkg / "demo" / "_a.py").write_text("from autotune.engines import _b\n")
+    (pkg / "engines" / "_b.py").write_text("X = 1\n")
+    monkeypatch.setattr(__import__(__name__, fromlist=["PKG"]), "PKG", pkg)
+    with pytest.raises(AssertionError, match="autotune.demo._a -> autotune.engines._b"):
+        test_each_package_imports_only_what_its_init_lists()
+    assert may_import("core") == {"core"}
 
 
 def test_no_import_cycles():

@@ -2,5 +2,5 @@
 time and cron helpers, file locks, signal handling, autotune's own SQL store, the exit codes and
 the progress bars.
 
-Imports nothing else from autotune: it is the bottom of the pipeline.
+May import: nothing else of autotune (the bottom of the pipeline).
 """
