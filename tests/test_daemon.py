@@ -5,7 +5,6 @@ Fake engine: runs fail fast at the (fake) baseline; real-vLLM runs are in test_r
 from __future__ import annotations
 
 import datetime as dt
-import os
 import re
 import signal
 import subprocess

@@ -120,8 +120,8 @@ def test_an_interrupted_start_does_not_spend_the_budget(tmp_path, env, monkeypat
     want = json.loads((whole / "rec" / "syn.json").read_text())
     assert "server-start budget (5) reached" in want["study"]["stopped_because"]
 
-    spec, fm = env(cut)
-    spec = make_spec(cut, budget=budget)
+    _, fm = env(cut)
+    make_spec(cut, budget=budget)
     measure, calls = fm, []
 
     def interrupted_third(*a, **k):

@@ -158,7 +158,7 @@ def test_incumbent_field_this_vllm_lacks(setup):
     spec = _write(setup)
     r = _start(setup, spec)
     assert r.returncode == 2
-    assert f"field 'incumbent.enable_adaptive_verification': vLLM 0.32.0 has no SpeculativeConfig field" in r.stderr
+    assert "field 'incumbent.enable_adaptive_verification': vLLM 0.32.0 has no SpeculativeConfig field" in r.stderr
     _nothing_written(setup)
 
 

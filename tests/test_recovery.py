@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import optuna
-import pytest
 
 from autotune.engines import _recovery
 from autotune.engines._recovery import group_members, process_identity, reap_orphans, recover_trials

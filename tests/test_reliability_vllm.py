@@ -209,7 +209,7 @@ def test_daemon_killed_mid_study_resumes_without_losing_or_repeating_trials(make
     t0 = time.monotonic()
     d1 = subprocess.Popen(_cli("daemon", "run", "--now"), text=True, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, env=env)
-    out1 = _Reader(d1)
+    _drain = _Reader(d1)  # reads its output so that the pipe never fills
     try:
         _wait_for_server(pid_dir, "trial-0000.log", proc=d1)
         # two daemons on one GPU: the second exits at once, naming the first

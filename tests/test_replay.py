@@ -97,7 +97,9 @@ def test_capture_chat_stream():
 
 def test_itl_divided_by_token_ids():
     p = StreamParser()
-    mk = lambda text, ids: "data: " + json.dumps({"choices": [{"index": 0, "text": text, "token_ids": ids}]})
+    def mk(text, ids):
+        return "data: " + json.dumps({"choices": [{"index": 0, "text": text, "token_ids": ids}]})
+
     p.feed_line(mk(" a", [1]), 1.0)
     p.feed_line(mk(" b c d d", [2, 3, 4, 5]), 1.2)
     p.feed_line(mk(" e", None), 1.3)
