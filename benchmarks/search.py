@@ -327,11 +327,51 @@ def load_h200_rounds(workloads=("code-h200", "chat-h200", "code-h200-ngram-gpu")
     return out
 
 
+GPU_PREFIXES = ("h200", "h100")
+"""Grid names of GPU rounds: judged with the GPU budget, the grid's own resolution and the pair ceiling."""
+
+
+def is_gpu(grid: Grid) -> bool:
+    return grid.name.startswith(GPU_PREFIXES)
+
+
+def load_gpu_real(pattern: str = "h100-smollm2-points-*-r*.jsonl", workload: str = "code-smollm2-gpu") -> list[Grid]:
+    """The real-model truth grid (CUDA vLLM, SmolLM2-135M with its real acceptance on the code
+    prompts; benchmarks/gpu/README.md): the rows of one round on one machine (a file), every start
+    of a configuration a draw, a grid per profile level (the study weighs the two levels 0.5 each).
+    Every configuration of the space that was measured is a candidate, suffix decoding included."""
+    out = []
+    for path in sorted(RESULTS.glob(pattern)):
+        rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+        rows = [r for r in rows if r.get("ok") and not r.get("label") and r.get("workload") == workload]
+        for lv in sorted({int(k) for r in rows for k in r.get("levels") or {}}):
+            starts: dict[str, list[Observation]] = {}
+            for r in rows:
+                d = r["levels"].get(str(lv)) or {}
+                if d.get("tpot") is None:
+                    continue
+                delta = d.get("spec_delta") or None
+                o = Observation(config=r.get("config"), levels={lv: LevelObs(d["tpot"], delta, d.get("in_window"))},
+                                delta=delta)
+                starts.setdefault(o.key, []).append(o)
+            if "none" not in starts or len(starts) < 3:
+                continue
+            tag = path.stem.replace("-points", "")
+            pool = [x for obs in starts.values() if len(obs) >= 2 and (obs[0].config is None or
+                    obs[0].config["method"] in NGRAM_METHODS) for x in start_deviations(obs, lv)]
+            out.append(Grid(name=f"{tag}/{workload}/c{lv}", source=str(path.relative_to(ROOT)),
+                            configs=grid_order(obs[0].config for obs in starts.values()), starts=starts, level=lv,
+                            noise_pool=pool, noise_prior=spec_noise_prior(workload),
+                            repeats=spec_objective(workload).search_repeats))
+    return out
+
+
 def load_all(cpu_glob: str = "grid-*.jsonl") -> list[Grid]:
     grids: list[Grid] = []
     for p in sorted(H200.glob("h200-*.jsonl")) if H200.exists() else []:
         grids += load_h200(p)
     grids += load_h200_rounds()
+    grids += load_gpu_real()
     for p in sorted(RESULTS.glob(cpu_glob)):
         g = load_cpu_grid(p)
         if g is not None:
@@ -381,7 +421,7 @@ def run_ours(grid: Grid, rng: random.Random) -> Trace:
     tr = Trace()
     obs: list[Observation] = []
     cands = [c for c in grid.configs if c]
-    budget = OURS["budget"] or (GPU_BUDGET if grid.name.startswith("h200") else 4 * len(grid.configs))
+    budget = OURS["budget"] or (GPU_BUDGET if is_gpu(grid) else 4 * len(grid.configs))
     while len(obs) < budget:
         st = _policy.next_step(obs, cands, weights={grid.level: 1.0}, noise_prior=grid.noise_prior,
                                min_gain=OURS["min_gain"], repeats=grid.repeats if OURS["repeats"] is None else OURS["repeats"])
@@ -594,7 +634,7 @@ def evaluate(grid: Grid, seeds: int) -> dict:
                  "within_3pct": [label(grid.starts[k][0].config) for k in grid.truth if grid.ok(k)],
                  "truth": {label(grid.starts[k][0].config): v for k, v in grid.truth.items()},
                  "strategies": {}}
-    res = resolution(grid) if grid.name.startswith("h200") else None
+    res = resolution(grid) if is_gpu(grid) else None
     # the grid's own resolution: a configuration that is the drawn best in 5% of its draws or more
     # cannot be told from the best by the grid, and a pick of it is no miss the grid can show
     tied = set((res or {}).get("may_be_best") or {})
@@ -647,8 +687,8 @@ def evaluate(grid: Grid, seeds: int) -> dict:
             d["within_3pct_by_6_starts"] = statistics.mean(ok and n_ <= 6 for ok, n_ in zip(pick_ok, stops))
         out["strategies"][name] = d
     out["resolution"] = res
-    out["pair_ceiling"] = pair_ceiling(grid) if grid.name.startswith("h200") else None
-    out["ours_settings"] = {**OURS, "budget": OURS["budget"] or (GPU_BUDGET if grid.name.startswith("h200") else None),
+    out["pair_ceiling"] = pair_ceiling(grid) if is_gpu(grid) else None
+    out["ours_settings"] = {**OURS, "budget": OURS["budget"] or (GPU_BUDGET if is_gpu(grid) else None),
                             "repeats": grid.repeats if OURS["repeats"] is None else OURS["repeats"]}
     out["predictor_error"] = {
         "chosen_starts": len(preds),
@@ -782,9 +822,10 @@ def studies_table() -> str:
 
 
 def gpu_reading(results: list[dict]) -> str:
-    """The GPU target, per H200 grid of the autotune rounds: the share of seeded runs whose pick,
-    when the search stops by itself, is within 3% of the grid's best after at most 6 starts."""
-    rows = [r for r in results if r["grid"].startswith("h200-r") and r["grid"].count("/") == 2]
+    """The GPU target, per grid of the autotune GPU rounds (H200, and the H100 real-model truth
+    grid): the share of seeded runs whose pick, when the search stops by itself, is within 3% of
+    the grid's best after at most 6 starts."""
+    rows = [r for r in results if r["grid"].startswith(("h200-r", "h100-")) and r["grid"].count("/") == 2]
     if not rows:
         return ""
     def short(k):
@@ -812,7 +853,7 @@ def gpu_reading(results: list[dict]) -> str:
                         f"{pc['starts_each_for_95pct'] or '> 60'} |"))
     below = [r for r in rows if r["strategies"]["ours"]["within_3pct_by_6_starts"] < 0.95]
     capped = [r for r in below if (r.get("pair_ceiling") or {}).get("within_3pct_at_3_each", 1.0) < 0.95]
-    return ("On the H200 grids of the autotune rounds (configurations recorded once draw the machine's "
+    return ("On the GPU grids of the autotune rounds, H200 and the H100 real-model truth grid (configurations recorded once draw the machine's "
             "start-to-start noise at that level from the repeated ones; `ours` gets at most "
             f"{GPU_BUDGET} starts, as a study with `budget.max_trials: {GPU_BUDGET}`, and picks the lowest mean): "
             "the target, and how sure each grid is of its own answer (`resolution`: each configuration's true "
