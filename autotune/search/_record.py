@@ -98,6 +98,23 @@ class StudyRecord:
             if self.search_best is not None else None
 
 
+# ---- one attribute of a stored trial (frozen or live): the glue's reads, where a whole record per
+# trial would cost more than the read (budget, claims, recovery, the sampler's loops)
+def owner_of(t) -> dict:
+    """The process that ran the trial (``engines._recovery.process_identity``); {} when none."""
+    return t.user_attrs.get("owner") or {}
+
+
+_WHAT_TO_RUN = ("role", "config_key", "claim_key")
+
+
+def what_to_run(t) -> dict:
+    """The attributes that say what the trial runs (a retry keeps these, not the dead attempt's
+    error or measurement)."""
+    a = t.user_attrs
+    return {k: a[k] for k in _WHAT_TO_RUN if k in a}
+
+
 def trial_record(t) -> TrialRecord:
     """The record of an Optuna ``FrozenTrial``."""
     a = t.user_attrs

@@ -43,7 +43,8 @@ from autotune.core._signals import signame_of
 from autotune.core._spec import StudySpec
 from autotune.engines._hardware import identity
 from autotune.engines._probe import Capabilities
-from autotune.engines._recovery import process_identity, recover_trials, trial_id
+from autotune.engines._recovery import process_identity
+from autotune.search._recovery import recover_trials, trial_id
 from autotune.search import _bands
 from autotune.search._budget import Pause, StartBudget, confirm_reserve
 from autotune.search._confirm import Confirmation

@@ -15,7 +15,7 @@ import warnings
 from typing import Callable
 
 from autotune.core._store import open_optuna_storage
-from autotune.engines._recovery import StaleTrialCallback, trial_id
+from autotune.search._recovery import StaleTrialCallback, trial_id
 
 ROLE_BASELINE, ROLE_SEARCH, ROLE_CONFIRM = "baseline", "search", "confirm"
 # Optuna heartbeats: a trial whose process stopped beating for the grace period is failed and
