@@ -2,7 +2,7 @@
 run in a shorter window, and the starts the search leaves for the confirmation.
 
 Server starts are what a study costs (``budget.max_server_starts``). A start stopped by a signal
-(``_trials.stopped_by_signal``) measured nothing through no fault of its configuration and does not
+(``_record.stopped_by_signal``) measured nothing through no fault of its configuration and does not
 count, so the rerun that resumes the study redoes it without losing a measured one. A run in a
 window shorter than the study (``Pause``: a GPU lease, the scheduler's slot) stops after its
 ``pause_after_starts``, or before a start not expected to end in its ``pause_after_minutes``
