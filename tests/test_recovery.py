@@ -13,8 +13,9 @@ import time
 
 import optuna
 
-from autotune.engines import _recovery
-from autotune.engines._recovery import group_members, process_identity, reap_orphans, recover_trials
+from autotune.engines._recovery import group_members, process_identity, reap_orphans
+from autotune.search import _recovery
+from autotune.search._recovery import recover_trials
 
 HEALTHY = """\
 import http.server, subprocess, sys

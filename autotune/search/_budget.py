@@ -2,7 +2,7 @@
 run in a shorter window, and the starts the search leaves for the confirmation.
 
 Server starts are what a study costs (``budget.max_server_starts``). A start stopped by a signal
-(``_trials.stopped_by_signal``) measured nothing through no fault of its configuration and does not
+(``_record.stopped_by_signal``) measured nothing through no fault of its configuration and does not
 count, so the rerun that resumes the study redoes it without losing a measured one. A run in a
 window shorter than the study (``Pause``: a GPU lease, the scheduler's slot) stops after its
 ``pause_after_starts``, or before a start not expected to end in its ``pause_after_minutes``
@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 
 from autotune.core._spec import StudySpec
+from autotune.search._record import config_key_of, config_of, role_of, server_starts_of, start_s_of
 from autotune.search._space import NONE, SearchSpace
 from autotune.search._trials import ROLE_BASELINE, ROLE_SEARCH, stopped_by_signal, stored_trials
 
@@ -69,13 +70,13 @@ class StartBudget:
     # ---- what was spent
     def server_starts(self) -> int:
         """Every server start the study made, interrupted ones included: what it cost."""
-        return sum(int(t.user_attrs.get("server_starts", 0)) for t in self.study.get_trials(deepcopy=False)
+        return sum(server_starts_of(t) for t in self.study.get_trials(deepcopy=False)
                    if t.state.name != "WAITING")
 
     def interrupted_starts(self) -> int:
         """Starts stopped by SIGINT or SIGTERM (``interrupted_by``): someone chose to stop them, so
         they measured nothing through no fault of their configuration."""
-        return sum(int(t.user_attrs.get("server_starts", 0)) for t in self.study.get_trials(deepcopy=False)
+        return sum(server_starts_of(t) for t in self.study.get_trials(deepcopy=False)
                    if stopped_by_signal(t))
 
     def budget_starts(self) -> int:
@@ -88,8 +89,8 @@ class StartBudget:
 
     def search_trials(self) -> int:
         return sum(1 for t in self.study.get_trials(deepcopy=False)
-                   if t.user_attrs.get("role") in (ROLE_BASELINE, ROLE_SEARCH)
-                   and t.user_attrs.get("server_starts", 0) and t.state.name != "WAITING"
+                   if role_of(t) in (ROLE_BASELINE, ROLE_SEARCH)
+                   and server_starts_of(t) and t.state.name != "WAITING"
                    and not stopped_by_signal(t))
 
     # ---- what is left
@@ -104,7 +105,7 @@ class StartBudget:
             return f"trial budget ({b.max_trials}) reached"
         if (time.monotonic() - self.t0) / 60 >= b.max_wall_minutes:
             return f"wall-time budget ({b.max_wall_minutes} min) reached"
-        if len({t.user_attrs.get("config_key") for t in stored_trials(self.study)}) >= self.space.size():
+        if len({config_key_of(t) for t in stored_trials(self.study)}) >= self.space.size():
             return "every configuration in the space was measured"
         return None
 
@@ -151,8 +152,8 @@ class StartBudget:
 def start_seconds_of(t) -> float | None:
     """How long the trial's server start took, from start to stop: ``start_s``, or for trials
     written before it (and those a signal handler failed), Optuna's start and end times."""
-    if t.user_attrs.get("start_s") is not None:
-        return float(t.user_attrs["start_s"])
+    if (s := start_s_of(t)) is not None:
+        return s
     if t.datetime_start and t.datetime_complete:
         return (t.datetime_complete - t.datetime_start).total_seconds()
     return None
@@ -166,11 +167,11 @@ def expected_start_s(trials, config_key: str, method: str) -> tuple[float, str] 
     H200 a draft model's start took 1.4-1.9 times an ngram start). The longest, not a mean: the
     window it protects has a hard end. None before any start has ended."""
     def method_of(t) -> str:
-        return (t.user_attrs.get("config") or {}).get("method") or NONE
+        return (config_of(t) or {}).get("method") or NONE
 
-    ended = [(t, s) for t in trials if t.state.name in ("COMPLETE", "FAIL") and t.user_attrs.get("server_starts")
+    ended = [(t, s) for t in trials if t.state.name in ("COMPLETE", "FAIL") and server_starts_of(t)
              and (s := start_seconds_of(t)) is not None]
-    own = [s for t, s in ended if t.user_attrs.get("config_key") == config_key or
+    own = [s for t, s in ended if config_key_of(t) == config_key or
            (method_of(t) == method and t.state.name == "COMPLETE")]
     if own:
         return max(own), f"the longest of this study's {len(own)} start{'s' * (len(own) > 1)} of {method}"

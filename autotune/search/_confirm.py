@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from typing import Callable
 
+from autotune.search._record import bands_of, claim_key_of, config_key_of, confirm_looks_of
 from autotune.search._space import NONE, canonical
-from autotune.search._trials import ROLE_CONFIRM, claim_key_of
+from autotune.search._trials import ROLE_CONFIRM
 
 
 class Confirmation:
@@ -34,7 +35,7 @@ class Confirmation:
         """(Optuna params, config key, more user attributes) of each side a round starts, in order:
         the baseline, the incumbent when it is deployed and not ``best``, and ``best`` (the
         search's winner, with its band schedule)."""
-        wkey = best.user_attrs["config_key"]
+        wkey = config_key_of(best)
         sides = [({"method": NONE}, NONE, None)]
         inc = study.spec.incumbent
         if inc and canonical(inc) != wkey:
@@ -43,7 +44,7 @@ class Confirmation:
                 study.notes.append(f"the incumbent {canonical(inc)} cannot be confirmed: outside tonight's space")
             else:
                 sides.append((params, canonical(inc), None))
-        bands = best.user_attrs.get("bands")
+        bands = bands_of(best)
         sides.append((dict(best.params), wkey, {"bands": bands} if bands else None))
         return sides
 
@@ -51,7 +52,7 @@ class Confirmation:
         """The looks the budget allows ``sides`` sides, fixed before the first confirmation start
         (and kept for a resumed run): the decision spends its error over exactly these
         (``decide._noise.planned_looks``)."""
-        looks = study.study.user_attrs.get("confirm_looks")
+        looks = confirm_looks_of(study.study)
         if looks is None:
             done = len(study.trials(role=ROLE_CONFIRM))
             looks = study.spec.objective.planned_looks(

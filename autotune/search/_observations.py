@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from autotune.core._measure import summarize
 from autotune.search import _bands
+from autotune.search._record import config_of, measurement_of, predicted_tpot_of
 from autotune.search._space import canonical
 
 DRAFTERS = ("draft_model", "eagle", "eagle3", "mtp")
@@ -123,7 +124,7 @@ def coverage_of(delta: dict | None, requests: int | None) -> float | None:
 
 def observation_from_trial(t, default_level: int) -> Observation | None:
     """A completed Optuna trial (live or frozen) of ``_study.Study`` as an Observation."""
-    m = t.user_attrs.get("measurement")
+    m = measurement_of(t)
     value = t.value if getattr(t, "state", None) is None or t.state.name == "COMPLETE" else None
     if not m or value is None or not math.isfinite(value):
         return None
@@ -139,9 +140,9 @@ def observation_from_trial(t, default_level: int) -> Observation | None:
         levels = {int(default_level): LevelObs(value=float(value), delta=m.get("spec_delta"), requests=summ.get("n"))}
     cons = getattr(t, "constraints", None) or {}
     feasible = all(c <= 0 for c in (cons.values() if isinstance(cons, dict) else cons))
-    return Observation(config=m.get("config", t.user_attrs.get("config")), levels=levels,
+    return Observation(config=m.get("config", config_of(t)), levels=levels,
                        delta=m.get("spec_delta"), requests=_profile_requests(m) or summ.get("n"),
-                       feasible=feasible, number=t.number, predicted=t.user_attrs.get("predicted_tpot_ms"))
+                       feasible=feasible, number=t.number, predicted=predicted_tpot_of(t))
 
 
 def _profile_requests(m: dict) -> int | None:

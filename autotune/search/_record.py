@@ -1,8 +1,10 @@
 """What flows from the study to the stages above it: typed, frozen records of trials and studies.
 
-The study keeps its trials in Optuna (``user_attrs`` dicts, written by ``_study``); decide, trust
-and report read this module's records instead, so a renamed or missing attribute is found in one
-place (``trial_record``, ``read_study``) rather than in every reader, and a decision is a pure
+The study keeps its trials in Optuna (``user_attrs`` dicts). Writing them is the glue's job
+(``_study``, ``_trials``, ``_recovery``: ``set_user_attr``, ``storage.set_trial_user_attr``);
+reading them is this module's alone: decide, trust and report read its records, and the search's
+own glue its one-attribute readers (``role_of``, ``measurement_of``, ...), so a renamed or
+missing attribute is found in one place rather than in every reader, and a decision is a pure
 function of a value a test can build. A record is a snapshot: the study goes on, the record does
 not; read it again after more trials ran.
 """
@@ -96,6 +98,143 @@ class StudyRecord:
         """The trial the search picked (None: no feasible speculative config was measured)."""
         return next((t for t in self.all_trials if t.number == self.search_best), None) \
             if self.search_best is not None else None
+
+
+# ---- one attribute of a stored trial (frozen or live): the glue's reads, where a whole record per
+# trial would cost more than the read (budget, claims, recovery, the sampler's loops)
+def role_of(t) -> str | None:
+    return t.user_attrs.get("role")
+
+
+def config_key_of(t) -> str | None:
+    return t.user_attrs.get("config_key")
+
+
+def claim_key_of(t) -> str | None:
+    """What the trial claims (a repeat's or a confirmation round's slot), else its config key."""
+    a = t.user_attrs
+    return a.get("claim_key") or a.get("config_key")
+
+
+def enqueued_claim_key(t) -> str | None:
+    """The slot the trial was enqueued to claim (None: its config key, set when it runs)."""
+    return t.user_attrs.get("claim_key")
+
+
+def config_of(t) -> dict | None:
+    return t.user_attrs.get("config")
+
+
+def says_config(t) -> bool:
+    """The trial says what it measured (a config, or None for no speculation)."""
+    return "config" in t.user_attrs
+
+
+def measurement_of(t) -> dict:
+    """``Measurement.to_attrs()``; {} when none was made."""
+    return t.user_attrs.get("measurement") or {}
+
+
+def server_starts_of(t) -> int:
+    return int(t.user_attrs.get("server_starts", 0) or 0)
+
+
+def error_of(t) -> str | None:
+    return t.user_attrs.get("error")
+
+
+def failed_with_error(t) -> bool:
+    """The trial carries an error (a FAIL without one never got as far as starting)."""
+    return "error" in t.user_attrs
+
+
+def interrupted(t) -> bool:
+    """Its start was cut short (a signal, or its process died), not refused by vLLM."""
+    return bool(t.user_attrs.get("interrupted"))
+
+
+def stopped_by_signal(t) -> bool:
+    """The trial's start was stopped by SIGINT or SIGTERM (``interrupted_by``; storages written before
+    that mark say it in the error: ``interrupted by SIGINT: ...``), not by its process dying."""
+    a = t.user_attrs
+    return bool(a.get("interrupted_by")) or str(a.get("error") or "").startswith("interrupted by SIG")
+
+
+def owner_of(t) -> dict:
+    """The process that ran the trial (``engines._recovery.process_identity``); {} when none."""
+    return t.user_attrs.get("owner") or {}
+
+
+def start_s_of(t) -> float | None:
+    """How long its server start took, as measured (None: not recorded)."""
+    s = t.user_attrs.get("start_s")
+    return float(s) if s is not None else None
+
+
+def stalled(t) -> bool:
+    return bool(t.user_attrs.get("stalled"))
+
+
+def predicted_tpot_of(t) -> float | None:
+    return t.user_attrs.get("predicted_tpot_ms")
+
+
+def bands_of(t) -> dict | None:
+    """The band schedule the trial was enqueued with (a confirmation of a banded winner)."""
+    return t.user_attrs.get("bands")
+
+
+def repeat_asked(t) -> bool:
+    """The sampler asked for another start of a measured configuration."""
+    return bool(t.user_attrs.get("repeat"))
+
+
+def duplicate(t) -> bool:
+    return bool(t.user_attrs.get("duplicate"))
+
+
+def ended_unmeasured(t) -> bool:
+    """The sampler's stop or the run's pause: the trial started nothing."""
+    a = t.user_attrs
+    return bool(a.get("stop") or a.get("paused"))
+
+
+def run_id_of(t) -> str | None:
+    return t.user_attrs.get("run_id")
+
+
+def log_path_of(t) -> str | None:
+    return t.user_attrs.get("log_path")
+
+
+_WHAT_TO_RUN = ("role", "config_key", "claim_key")
+
+
+def what_to_run(t) -> dict:
+    """The attributes that say what the trial runs (a retry keeps these, not the dead attempt's
+    error or measurement)."""
+    a = t.user_attrs
+    return {k: a[k] for k in _WHAT_TO_RUN if k in a}
+
+
+# ---- one attribute of a stored study (or its summary)
+def study_hardware(s) -> str | None:
+    """The hardware the study was first measured on (``_trials.open_study``)."""
+    return s.user_attrs.get("hardware")
+
+
+def study_inputs(s) -> str | None:
+    """Its fingerprint without hardware: what a worker on other hardware would join."""
+    return s.user_attrs.get("inputs")
+
+
+def study_workload(s) -> str | None:
+    return s.user_attrs.get("workload")
+
+
+def confirm_looks_of(s) -> int | None:
+    """The confirmation's looks, fixed before its first start (``_confirm.Confirmation.looks``)."""
+    return s.user_attrs.get("confirm_looks")
 
 
 def trial_record(t) -> TrialRecord:

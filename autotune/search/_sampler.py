@@ -33,6 +33,7 @@ from optuna.samplers import BaseSampler
 from optuna.trial import TrialState
 
 from autotune.search import _bands, _observations, _policy
+from autotune.search._record import config_key_of
 from autotune.search._search import enumerate_candidates, failed_keys, study_weights
 from autotune.search._space import NONE, SearchSpace, canonical, label, params_of
 
@@ -148,8 +149,8 @@ class CandidateSampler(BaseSampler):
         never proposed (again). Without ``measured``, a completed configuration may be proposed
         for another start (``objective.search_repeats``)."""
         states = (TrialState.COMPLETE, TrialState.RUNNING) if measured else (TrialState.RUNNING,)
-        busy = {t.user_attrs.get("config_key") for t in study.get_trials(deepcopy=False, states=states)}
-        done = {t.user_attrs.get("config_key") for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
+        busy = {config_key_of(t) for t in study.get_trials(deepcopy=False, states=states)}
+        done = {config_key_of(t) for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
         return busy | failed_keys(study) | (self._tried if measured else self._tried - done)
 
     def _propose(self, study) -> Proposal | None:

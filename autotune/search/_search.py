@@ -9,6 +9,7 @@ import itertools
 import logging
 
 from autotune.search import _bands
+from autotune.search._record import config_key_of, error_of, interrupted
 from autotune.search._space import NGRAM_METHODS, SearchSpace
 
 log = logging.getLogger(__name__)
@@ -49,8 +50,8 @@ def study_weights(spec) -> dict[int, float]:
 def failed_keys(study) -> set[str]:
     """Configurations vLLM refused or crashed on (not interrupted ones) in an Optuna study:
     never proposed again."""
-    return {t.user_attrs.get("config_key") for t in study.get_trials(deepcopy=False)
-            if t.state.name == "FAIL" and t.user_attrs.get("error") and not t.user_attrs.get("interrupted")}
+    return {config_key_of(t) for t in study.get_trials(deepcopy=False)
+            if t.state.name == "FAIL" and error_of(t) and not interrupted(t)}
 
 
 def with_profile(spec, replay_set, notes: list[str]):

@@ -43,7 +43,10 @@ from autotune.core._signals import signame_of
 from autotune.core._spec import StudySpec
 from autotune.engines._hardware import identity
 from autotune.engines._probe import Capabilities
-from autotune.engines._recovery import process_identity, recover_trials, trial_id
+from autotune.engines._recovery import process_identity
+from autotune.search._record import (bands_of, config_key_of, config_of, duplicate, ended_unmeasured,
+                                     enqueued_claim_key, error_of, measurement_of, repeat_asked, role_of, stalled)
+from autotune.search._recovery import recover_trials, trial_id
 from autotune.search import _bands
 from autotune.search._budget import Pause, StartBudget, confirm_reserve
 from autotune.search._confirm import Confirmation
@@ -332,9 +335,9 @@ class Study:
                 samples.setdefault(key, []).append(math.log(v))
 
         for t in self.trials():
-            mm = t.user_attrs.get("measurement")
-            if mm and not t.user_attrs.get("stalled"):
-                add(t.user_attrs.get("config_key"), mm.get("levels"), mm.get("tpot_ms"))
+            mm = measurement_of(t)
+            if mm and not stalled(t):
+                add(config_key_of(t), mm.get("levels"), mm.get("tpot_ms"))
         key = canonical(m.config)
         if not (m.summary.get("stall") or {}).get("stalled"):
             add(key, m.levels, m.tpot_ms)
@@ -345,11 +348,11 @@ class Study:
     def baseline_outputs(self) -> dict[str, str]:
         out: dict[str, str] = {}
         for t in self.trials(config_key=NONE):
-            out.update(t.user_attrs.get("measurement", {}).get("outputs", {}))
+            out.update(measurement_of(t).get("outputs", {}))
         return out
 
     def baseline_throughput(self) -> float | None:
-        vals = [t.user_attrs["measurement"]["summary"]["output_throughput_tok_s"] for t in self.trials(config_key=NONE)]
+        vals = [measurement_of(t)["summary"]["output_throughput_tok_s"] for t in self.trials(config_key=NONE)]
         return sum(vals) / len(vals) if vals else None
 
     def set_noise_prior(self, sd: float, df: int) -> None:
@@ -365,10 +368,10 @@ class Study:
         re-picks it)."""
         by: dict[str, list] = {}
         for t in self.trials():
-            if t.user_attrs.get("config_key") != NONE \
-                    and (not search_only or t.user_attrs.get("role") != ROLE_CONFIRM) \
+            if config_key_of(t) != NONE \
+                    and (not search_only or role_of(t) != ROLE_CONFIRM) \
                     and t.constraints and all(c <= 0 for c in t.constraints.values()):
-                by.setdefault(t.user_attrs.get("config_key"), []).append(t)
+                by.setdefault(config_key_of(t), []).append(t)
         if not by:
             return None
         ts = min(by.values(), key=lambda ts: statistics.fmean(self.objective_of(t) for t in ts))
@@ -376,7 +379,7 @@ class Study:
 
     def mean_objective(self, t) -> float:
         """The objective of ``t``'s configuration, averaged over its search starts."""
-        ts = [u for u in self.trials(config_key=t.user_attrs.get("config_key")) if u.user_attrs.get("role") != ROLE_CONFIRM]
+        ts = [u for u in self.trials(config_key=config_key_of(t)) if role_of(u) != ROLE_CONFIRM]
         return statistics.fmean(self.objective_of(u) for u in ts) if ts else self.objective_of(t)
 
     def objective_of(self, t) -> float:
@@ -384,7 +387,7 @@ class Study:
         Optuna's stored value is what the version that measured it computed: a study resumed
         after the objective changed (profile studies once pooled both levels' requests) would
         otherwise rank old and new trials on different figures."""
-        m = t.user_attrs.get("measurement") or {}
+        m = measurement_of(t)
         if not m.get("tpot_ms"):
             return t.value
         return measurement_objective(m.get("levels"), m["tpot_ms"], self.spec.objective.statistic)
@@ -417,7 +420,7 @@ class Study:
         import optuna
 
         trial.set_user_attr("owner", process_identity())
-        role = trial.user_attrs.get("role") or ROLE_SEARCH
+        role = role_of(trial) or ROLE_SEARCH
         trial.set_user_attr("role", role)
         proposal = self.study.sampler.proposal(trial.number) if isinstance(self.study.sampler, CandidateSampler) \
             else None
@@ -428,12 +431,12 @@ class Study:
             raise optuna.TrialPruned(proposal.reason)
         for k, v in (proposal.attrs.items() if proposal is not None else ()):
             trial.set_user_attr(k, v)
-        config = _bands.apply(self.space.suggest(trial), trial.user_attrs.get("bands"))
+        config = _bands.apply(self.space.suggest(trial), bands_of(trial))
         key = canonical(config)
         trial.set_user_attr("config", config)
         trial.set_user_attr("config_key", key)
-        repeat = role == ROLE_SEARCH and bool(trial.user_attrs.get("repeat")) and bool(self.trials(config_key=key))
-        claim_key = trial.user_attrs.get("claim_key") or (
+        repeat = role == ROLE_SEARCH and repeat_asked(trial) and bool(self.trials(config_key=key))
+        claim_key = enqueued_claim_key(trial) or (
             f"{key}#{len(self.trials(config_key=key)) + 1}" if repeat else key)
         trial.set_user_attr("claim_key", claim_key)
         if role != ROLE_CONFIRM and self.trials(config_key=key) and not repeat:
@@ -497,7 +500,7 @@ class Study:
         for name, c in zip(("failed_requests", "equivalence", "throughput_floor"), constraints):
             trial.set_constraint(name, c)
         if m.config and m.config.get(_bands.BANDS_KEY):  # did the schedule take effect? (see _bands.verify)
-            _bands.check_trial(trial, m, next((t.user_attrs["measurement"].get("levels") for t in self.trials(config_key=NONE)), None))
+            _bands.check_trial(trial, m, next((measurement_of(t).get("levels") for t in self.trials(config_key=NONE)), None))
         # the one stall truth (``_trial.stall_verdict``): client-side TPOT biased by TTFT stalls
         trial.set_user_attr("stalled", bool((m.summary.get("stall") or {}).get("stalled", False)))
         trial.set_user_attr("noise", {"within_start": m.summary.get("noise"),
@@ -532,22 +535,22 @@ class Study:
         import optuna
 
         self._record_trial(frozen)
-        if frozen.user_attrs.get("stop") or frozen.user_attrs.get("paused"):
+        if ended_unmeasured(frozen):
             return  # the sampler's stop or the run's clock: nothing was measured, study.stop() was called
         best = self.best()
         self.on_event(TrialEvent(
-            number=frozen.number, role=frozen.user_attrs.get("role", ROLE_SEARCH),
-            config=frozen.user_attrs.get("config"), state=frozen.state.name,
+            number=frozen.number, role=role_of(frozen) or ROLE_SEARCH,
+            config=config_of(frozen), state=frozen.state.name,
             value=frozen.value if frozen.state == optuna.trial.TrialState.COMPLETE else None,
             best=self.mean_objective(best) if best else None, server_starts=self.server_starts(),
             elapsed_s=time.monotonic() - self.t0,
-            note=frozen.user_attrs.get("error", "") or ("duplicate" if frozen.user_attrs.get("duplicate") else "")))
+            note=error_of(frozen) or ("duplicate" if duplicate(frozen) else "")))
         reason = self.budget.left(reserve=self.confirm_reserve()
-                                   if frozen.user_attrs.get("role") != ROLE_CONFIRM else 0)
-        self._dupes = self._dupes + 1 if frozen.user_attrs.get("duplicate") else 0
+                                   if role_of(frozen) != ROLE_CONFIRM else 0)
+        self._dupes = self._dupes + 1 if duplicate(frozen) else 0
         if self._dupes >= 25:
             reason = "the sampler keeps proposing measured configurations"
-        if frozen.user_attrs.get("role") != ROLE_CONFIRM and (reason or self.budget.pause_due()):
+        if role_of(frozen) != ROLE_CONFIRM and (reason or self.budget.pause_due()):
             if reason:
                 self.stopped_because = reason
             else:
@@ -621,7 +624,7 @@ class Study:
         searched = isinstance(self.study.sampler, CandidateSampler)
         for method in ([] if searched else self.space.methods):
             top = self.trials(config_key=canonical(self.space.config_from_params(self.space.params_for(method))))
-            rates = top[0].user_attrs["measurement"]["spec_delta"].get("per_position_rates") if top else None
+            rates = measurement_of(top[0])["spec_delta"].get("per_position_rates") if top else None
             knee = self.space.knee_k(method, rates or [])
             params = self.space.params_for(method, knee) if knee else None
             if params and not self.trials(config_key=canonical(self.space.config_from_params(params))) \

@@ -119,7 +119,7 @@ def measure(spec: StudySpec, config: dict | None, requests: list[ReplayRequest],
     ``_study.window_requests``), measured after the first on the same server and pooled with it.
 
     ``on_server`` is called with the running VllmServer, so a signal handler can stop it.
-    ``pid_dir`` gets the server's pidfile while it runs (see ``_recovery``).
+    ``pid_dir`` gets the server's pidfile while it runs (see ``engines._recovery``).
     """
     if len(windows or []) != spec.replay.windows - 1:
         raise ValueError(f"replay.windows is {spec.replay.windows}: {spec.replay.windows - 1} further windows' "

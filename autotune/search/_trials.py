@@ -4,7 +4,7 @@ A study lives in Optuna's RDB storage (SQLite by default) with heartbeats, so a 
 process stopped beating is failed and retried by whichever worker looks next (``_recovery``).
 Each trial's user attributes say what it is (``role``, ``config_key``, the ``claim_key`` of what it
 measures, ``owner``) and how it ended (``measurement``, ``error``, ``interrupted_by``); this module
-reads and writes them for ``_study.Study``, and turns a finished trial into its row of
+writes them for ``_study.Study`` and reads them through ``_record``'s readers, and turns a finished trial into its row of
 ``autotune_trials`` (``trial_row``) for SRE reports and the exporter.
 """
 
@@ -15,7 +15,11 @@ import warnings
 from typing import Callable
 
 from autotune.core._store import open_optuna_storage
-from autotune.engines._recovery import StaleTrialCallback, trial_id
+from autotune.search._record import (claim_key_of, config_key_of, config_of, error_of, failed_with_error, interrupted,
+                                     log_path_of, measurement_of, owner_of, role_of, run_id_of, says_config,
+                                     server_starts_of, study_hardware, study_inputs, study_workload)
+from autotune.search._record import stopped_by_signal  # noqa: F401 (re-exported: the budget and its tests)
+from autotune.search._recovery import StaleTrialCallback, trial_id
 
 ROLE_BASELINE, ROLE_SEARCH, ROLE_CONFIRM = "baseline", "search", "confirm"
 # Optuna heartbeats: a trial whose process stopped beating for the grace period is failed and
@@ -43,10 +47,10 @@ def open_study(storage, name: str, sampler, *, hardware: str, inputs: str, workl
 
     study = optuna.create_study(study_name=name, storage=storage, direction="minimize",
                                 sampler=sampler, load_if_exists=True)
-    if study.user_attrs.get("hardware") is None:
+    if study_hardware(study) is None:
         study.set_user_attr("hardware", hardware)
         study.set_user_attr("inputs", inputs)
-    if study.user_attrs.get("workload") != workload:
+    if study_workload(study) != workload:
         study.set_user_attr("workload", workload)
         study.set_user_attr("replay_digest", replay_digest)
         study.set_user_attr("vllm_version", vllm_version)
@@ -69,16 +73,16 @@ def check_hardware(storage, study_name: str | None, default_name: str, inputs: s
     summaries = optuna.get_all_study_summaries(storage, include_best_trial=False)
     if study_name:
         other = [s for s in summaries if s.study_name == study_name
-                 and s.user_attrs.get("hardware") not in (None, hardware)]
+                 and study_hardware(s) not in (None, hardware)]
     elif not leader and not any(s.study_name == default_name for s in summaries):
-        other = [s for s in summaries if s.user_attrs.get("inputs") == inputs
-                 and s.user_attrs.get("hardware") not in (None, hardware)]
+        other = [s for s in summaries if study_inputs(s) == inputs
+                 and study_hardware(s) not in (None, hardware)]
     else:
         other = []
     if other:
         s = other[0]
         raise HardwareMismatch(
-            f"study {s.study_name} was measured on {s.user_attrs['hardware']}, this host has {hardware}: trials from "
+            f"study {s.study_name} was measured on {study_hardware(s)}, this host has {hardware}: trials from "
             f"other hardware are not pooled into one decision (TPOT on one accelerator says nothing about another); "
             f"run this host's own study (`autotune study start` without --study-name), or set AUTOTUNE__HARDWARE "
             f"if the detection is wrong")
@@ -93,9 +97,9 @@ def stored_trials(study, role: str | None = None, config_key: str | None = None,
     for t in study.get_trials(deepcopy=False):
         if complete and t.state != optuna.trial.TrialState.COMPLETE:
             continue
-        if role and t.user_attrs.get("role") != role:
+        if role and role_of(t) != role:
             continue
-        if config_key and t.user_attrs.get("config_key") != config_key:
+        if config_key and config_key_of(t) != config_key:
             continue
         out.append(t)
     return out
@@ -107,10 +111,6 @@ def in_state(study, states, claim_key: str | None = None) -> list:
             if claim_key is None or claim_key_of(t) == claim_key]
 
 
-def claim_key_of(t) -> str | None:
-    return t.user_attrs.get("claim_key") or t.user_attrs.get("config_key")
-
-
 def may_take_over(holder, role: str) -> bool:
     """A claim passes on when its trial (``holder``, frozen) gave up: pruned, interrupted, or
     failed. A search trial does not retry a configuration vLLM already refused (that would only
@@ -118,15 +118,14 @@ def may_take_over(holder, role: str) -> bool:
     if holder.state.name == "PRUNED":
         return True
     if holder.state.name == "FAIL":
-        return role != ROLE_SEARCH or bool(holder.user_attrs.get("interrupted")) or "error" not in holder.user_attrs
+        return role != ROLE_SEARCH or interrupted(holder) or not failed_with_error(holder)
     return False
 
 
 def failed_here(trials, config_key: str) -> bool:
     """A trial of ``config_key`` failed in this process (not by a signal's interruption)."""
-    return any(t.user_attrs.get("config_key") == config_key and t.state.name == "FAIL"
-               and (t.user_attrs.get("owner") or {}).get("pid") == os.getpid()
-               and not t.user_attrs.get("interrupted")
+    return any(config_key_of(t) == config_key and t.state.name == "FAIL"
+               and owner_of(t).get("pid") == os.getpid() and not interrupted(t)
                for t in trials)
 
 
@@ -137,20 +136,13 @@ def interrupted_attrs(signame: str) -> dict:
             "interrupted_by": signame}
 
 
-def stopped_by_signal(t) -> bool:
-    """The trial's start was stopped by SIGINT or SIGTERM (``interrupted_by``; storages written before
-    that mark say it in the error: ``interrupted by SIGINT: ...``), not by its process dying."""
-    return bool(t.user_attrs.get("interrupted_by")) or \
-        str(t.user_attrs.get("error") or "").startswith("interrupted by SIG")
-
-
 def fail_own_running(study, storage, signame: str, on_failed: Callable) -> None:
     """After the signal ``signame``: any trial of this process still RUNNING is failed, marked as
     stopped by it (``interrupted_attrs``); ``on_failed`` gets each one so failed."""
     from optuna.trial import TrialState
 
     for t in in_state(study, (TrialState.RUNNING,)):
-        if (t.user_attrs.get("owner") or {}).get("pid") == os.getpid():
+        if owner_of(t).get("pid") == os.getpid():
             try:
                 tid = trial_id(study, storage, t.number)
                 for k, v in interrupted_attrs(signame).items():
@@ -164,21 +156,21 @@ def fail_own_running(study, storage, signame: str, on_failed: Callable) -> None:
 def trial_row(frozen, study_name: str, run_id: str | None, workload: str) -> dict:
     """A finished trial's headline numbers: its row of autotune_trials (``run_id``: this run's,
     for a trial that carries none)."""
-    m = frozen.user_attrs.get("measurement") or {}
+    m = measurement_of(frozen)
     d = m.get("spec_delta") or {}
-    cfg = frozen.user_attrs.get("config") or {}
-    owner = frozen.user_attrs.get("owner") or {}
+    cfg = config_of(frozen) or {}
+    owner = owner_of(frozen)
     return {
         "study_name": study_name, "trial_number": frozen.number,
-        "run_id": frozen.user_attrs.get("run_id") or run_id, "workload": workload,
-        "role": frozen.user_attrs.get("role"), "config_key": frozen.user_attrs.get("config_key"),
-        "method": cfg.get("method") if cfg else ("none" if "config" in frozen.user_attrs else None),
+        "run_id": run_id_of(frozen) or run_id, "workload": workload,
+        "role": role_of(frozen), "config_key": config_key_of(frozen),
+        "method": cfg.get("method") if cfg else ("none" if says_config(frozen) else None),
         "k": cfg.get("num_speculative_tokens") if cfg else None, "state": frozen.state.name,
         "tpot_ms": frozen.value if frozen.state.name == "COMPLETE" and frozen.value != float("inf") else None,
         "acceptance_length": d.get("acceptance_length"), "acceptance_rate": d.get("acceptance_rate"),
         "output_tok_s": (m.get("summary") or {}).get("output_throughput_tok_s"),
         "failed_requests": (m.get("summary") or {}).get("failed"),
-        "server_starts": int(frozen.user_attrs.get("server_starts", 0)),
+        "server_starts": server_starts_of(frozen),
         "start_seconds": m.get("start_seconds"),
-        "error": frozen.user_attrs.get("error") or (str(frozen.system_attrs.get("fail_reason", ""))[:500] or None),
-        "host": owner.get("host"), "log_path": frozen.user_attrs.get("log_path")}
+        "error": error_of(frozen) or (str(frozen.system_attrs.get("fail_reason", ""))[:500] or None),
+        "host": owner.get("host"), "log_path": log_path_of(frozen)}
