@@ -373,3 +373,43 @@ def test_the_search_leaves_the_confirmation_its_rounds_and_the_looks_are_fixed_o
     study.confirmation = {}
     study.confirm()
     assert study.confirmation["looks"] == looks
+
+
+def test_a_study_starts_from_the_bands_tax_earlier_nights_measured_on_this_hardware(tmp_path, monkeypatch):
+    """Night 1 measures band schedules on a machine that charges 25% for one; night 2 (other traffic,
+    so another study in the same storage) begins with that tax in its predictor's prior, and a study
+    on other hardware does not."""
+    from autotune.search import _bands
+
+    levels = {2: 0.5, 16: 0.5}
+    w = Workload(rates=[0.9 * 0.75 ** i for i in range(8)], levels={2: (10.0, 1.0, 0.6), 16: (12.0, 3.0, 2.2)},
+                 band_tax=0.25)
+    spec = make_spec(tmp_path, levels=levels, bands=True)
+    caps = Capabilities(version="0.32.0", methods=["ngram"], fields=FIELDS, arctic_inference=False)
+    space = SearchSpace.build(spec.space, caps)
+    fm = fake_measure(w, weights=spec.replay.weights())
+    monkeypatch.setattr(_study, "measure", fm)
+    schedule = {**ngram(8), _bands.BANDS_KEY: [[1, 4, 8], [5, 16, 3]]}  # yesterday's winner, say
+    night1 = _study.Study(spec, caps, space, spec.storage, ["vllm", "serve"], tmp_path / "home", warm_start=[schedule])
+    night1.run()
+    assert any(c and c.get(_bands.BANDS_KEY) for c in fm.calls), f"night 1 measured no band schedule: {night1.notes}"
+    assert night1.use_earlier_bands_tax() is None  # its own study is not an earlier night
+
+    night2_dir = tmp_path / "night2"
+    night2_dir.mkdir()
+    spec2 = make_spec(night2_dir, levels=levels, bands=True).model_copy(update={"storage": spec.storage})
+    _replayset.save(night2_dir / "replay.jsonl", [
+        _replayset.ReplayRequest(id=f"n{i}", endpoint="completions",
+                                 body={"prompt": f"night two {i}", "max_tokens": 64, "temperature": 0}, ts=2000.0 + i)
+        for i in range(80)])
+    night2 = _study.Study(spec2, caps, space, spec2.storage, ["vllm", "serve"], tmp_path / "home")
+    assert night2.name != night1.name
+    assert night2.sampler.bands_tax is None  # the spec gives no prior
+    line = night2.use_earlier_bands_tax()
+    assert line and "earlier nights measured" in line
+    ratio, df = night2.sampler.bands_tax
+    assert ratio == pytest.approx(1.25, rel=0.08) and df >= 2
+
+    elsewhere = _study.Study(spec2, caps, space, spec2.storage, ["vllm", "serve"], tmp_path / "home",
+                             hardware="gpu:NVIDIA H100 80GB HBM3 x1")
+    assert elsewhere.use_earlier_bands_tax() is None and elsewhere.sampler.bands_tax is None

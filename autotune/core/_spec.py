@@ -181,7 +181,9 @@ class BandsSpace(_Model):
     """Per-batch-size K (``num_speculative_tokens_per_batch_size``) for the concurrency profile."""
     enabled: bool = Field(default=False, description="try per-batch-size K bands as candidates")
     tax: BandsTax | None = Field(default=None, description="a band schedule's step cost over plain K measured "
-                                 "on this engine and hardware: the search's prior (docs/benchmarks.md)")
+                                 "on this engine and hardware: the search's prior, pooled with what earlier "
+                                 "nights' studies in the same storage measured on the same hardware and vLLM "
+                                 "(docs/benchmarks.md)")
     tpot_ms: float | None = Field(default=None, gt=0, description="production TPOT estimate: with replay.mode "
                                   "other than profile, the levels come from the replay set's arrival times")
     max_levels: int = Field(default=3, ge=2, le=8, description="most concurrency levels derived from tpot_ms")

@@ -476,6 +476,9 @@ def search(r: _Run):
            + ("; joined as a worker" if req.worker else ""))
     for note in st.notes:
         r.echo(f"  {note}")
+    tax = st.use_earlier_bands_tax()  # a schedule's cost on this machine, from earlier nights
+    if tax:
+        r.echo(f"  {tax}")
     confirm_inputs(r)
     try:
         return st.run()

@@ -232,6 +232,11 @@ def study_workload(s) -> str | None:
     return s.user_attrs.get("workload")
 
 
+def study_vllm_version(s) -> str | None:
+    """The engine version the study measured (``_trials.open_study``)."""
+    return s.user_attrs.get("vllm_version")
+
+
 def confirm_looks_of(s) -> int | None:
     """The confirmation's looks, fixed before its first start (``_confirm.Confirmation.looks``)."""
     return s.user_attrs.get("confirm_looks")

@@ -47,7 +47,7 @@ from autotune.engines._recovery import process_identity
 from autotune.search._record import (bands_of, config_key_of, config_of, duplicate, ended_unmeasured,
                                      enqueued_claim_key, error_of, measurement_of, repeat_asked, role_of, stalled)
 from autotune.search._recovery import recover_trials, trial_id
-from autotune.search import _bands
+from autotune.search import _bands, _nights
 from autotune.search._budget import Pause, StartBudget, confirm_reserve
 from autotune.search._confirm import Confirmation
 from autotune.search._levels import measurement_objective
@@ -360,6 +360,23 @@ class Study:
         the predictor's intervals; a TPE search has no use for it."""
         if isinstance(self.sampler, CandidateSampler) and df > 0:
             self.sampler.set_noise_prior(sd, df)
+
+    def use_earlier_bands_tax(self) -> str | None:
+        """The bands tax earlier nights measured on this hardware and engine (``_nights``), pooled
+        into the predictor's prior; a line saying so, or None when there is nothing to use."""
+        sp = self.spec.space.bands
+        if not (isinstance(self.sampler, CandidateSampler) and sp.enabled):
+            return None
+        found = _nights.earlier_bands_tax(self.storage, self.spec.study_name, exclude=self.name,
+                                          hardware=self.hardware, vllm_version=getattr(self.caps, "version", None),
+                                          weights=self.sampler.weights, level=self.sampler.level)
+        if found is None:
+            return None
+        ratio, df, studies = found
+        self.sampler.set_bands_tax_prior(ratio, df)
+        pooled, n = self.sampler.bands_tax
+        return (f"bands tax: earlier nights measured {ratio:.2f}x over plain K ({df} schedule levels, "
+                f"{len(studies)} studies); the predictor's prior is now {pooled:.2f}x ({n} df)")
 
     def best(self, search_only: bool = False):
         """A trial of the best feasible measured speculative config (by the objective, the mean
