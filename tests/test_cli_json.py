@@ -22,11 +22,9 @@ CAPS = Capabilities(version="0.32.0", methods=["ngram"], fields=["method", "num_
                     "prompt_lookup_min", "prompt_lookup_max"], arctic_inference=False)
 
 
-@pytest.fixture(scope="module")
-def studied(tmp_path_factory):
-    """One finished study of the synthetic workload, its recommendation written."""
-    mp = pytest.MonkeyPatch()
-    d = tmp_path_factory.mktemp("studied")
+def synthetic_workload(mp, d: Path) -> None:
+    """The synthetic workload ``syn`` in ``d``: its spec, a probe that answers CAPS, and the
+    synthetic measurement instead of server starts (``mp``: a pytest MonkeyPatch)."""
     mp.setattr(_probe, "probe", lambda *a, **k: CAPS)
     for k in ("AUTOTUNE__STORAGE", "AUTOTUNE__RECOMMENDATIONS_DIR"):
         mp.delenv(k, raising=False)
@@ -34,6 +32,14 @@ def studied(tmp_path_factory):
     mp.setenv("AUTOTUNE__HOME", str(d / "home"))
     mp.setenv("AUTOTUNE__STUDIES_DIR", str(d))
     mp.setattr(_study, "measure", fake_measure(Workload(rates=RATES)))
+
+
+@pytest.fixture(scope="module")
+def studied(tmp_path_factory):
+    """One finished study of the synthetic workload, its recommendation written."""
+    mp = pytest.MonkeyPatch()
+    d = tmp_path_factory.mktemp("studied")
+    synthetic_workload(mp, d)
     res = _runner.execute(_runner.RunRequest(workload="syn", spec_path=str(d / "syn.yaml")), settings=Settings(),
                           echo=lambda *a, **k: None)
     assert res.exit_code == 0, res.messages

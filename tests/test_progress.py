@@ -9,17 +9,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from _synthetic import Workload
 from _traffic_logs import gateway_lines, write_gz
-from test_search_study import RATES, fake_measure, make_spec
+from test_cli_json import synthetic_workload
 from autotune.cli._main import main
 from autotune.core import _progress
-from autotune.engines import _probe
-from autotune.engines._probe import Capabilities
-from autotune.search import _study
-
-CAPS = Capabilities(version="0.32.0", methods=["ngram"], fields=["method", "num_speculative_tokens",
-                    "prompt_lookup_min", "prompt_lookup_max"], arctic_inference=False)
 
 
 @pytest.fixture
@@ -59,13 +52,7 @@ def test_traffic_import_draws_its_bar_on_stderr(tmp_path, monkeypatch, tty):
 
 
 def _study_start(d: Path, monkeypatch, *extra):
-    monkeypatch.setattr(_probe, "probe", lambda *a, **k: CAPS)
-    for k in ("AUTOTUNE__STORAGE", "AUTOTUNE__RECOMMENDATIONS_DIR"):
-        monkeypatch.delenv(k, raising=False)
-    make_spec(d, budget={"max_trials": 8, "max_server_starts": 10, "max_wall_minutes": 10})
-    monkeypatch.setenv("AUTOTUNE__HOME", str(d / "home"))
-    monkeypatch.setenv("AUTOTUNE__STUDIES_DIR", str(d))
-    monkeypatch.setattr(_study, "measure", fake_measure(Workload(rates=RATES)))
+    synthetic_workload(monkeypatch, d)
     return CliRunner().invoke(main, ["study", "start", "--workload", "syn", *extra])
 
 
