@@ -275,7 +275,7 @@ def run(req: RunRequest, settings: Settings | None = None, echo: Echo | None = N
 
 def execute(req: RunRequest, settings: Settings | None = None, echo: Echo | None = None,
             on_event=None, stop: StopState | None = None) -> RunResult:
-    """prepare -> (locks) -> search -> decide -> publish. Never raises for expected failures:
+    """prepare -> (locks) -> search -> confirm -> decide -> publish. Never raises for expected failures:
     each is a ``Failure`` the result carries, with its exit code and error line."""
     began = time.monotonic()
     settings = settings or get_settings()
@@ -306,7 +306,7 @@ def _locked(r: _Run, result: RunResult) -> RunResult:
     """The steps under the locks; a failure is recorded in the runs table and carried by the result."""
     try:
         prepare(r)
-        outcome = search(r)
+        outcome = confirm(r, search(r))
         result.study, result.trials = r.st.name, len(outcome.trials)
         result.server_starts = outcome.server_starts
         if outcome.paused or r.req.worker:
@@ -481,13 +481,26 @@ def search(r: _Run):
         r.echo(f"  {tax}")
     confirm_inputs(r)
     try:
-        return st.run()
+        return st.run(confirm=False)
     except TrialFailed as e:
         raise _failure(e, e.reason) from None
     except _gate.FidelityFailed as e:
         raise Failure(f"the replay does not reproduce production ({'; '.join(e.result['off'])}); no "
                       f"recommendation written, the previous one is unchanged", e,
                       lines=[f"  {line}" for line in _gate.lines(e.result)]) from None
+
+
+def confirm(r: _Run, outcome):
+    """The leader's confirmation rounds (``Study.confirm``): fresh starts of baseline, incumbent and
+    winner, interleaved, more rounds while the decision is open (``confirm_inputs``). A paused run
+    or a worker confirms nothing. Returns the study's outcome after them."""
+    if outcome.paused or r.req.worker:
+        return outcome
+    try:
+        r.st.confirm()
+    except TrialFailed as e:
+        raise _failure(e, e.reason) from None
+    return r.st.outcome()
 
 
 def confirm_inputs(r: _Run) -> None:

@@ -605,7 +605,10 @@ class Study:
             time.sleep(self.poll_s)
             self.recover()
 
-    def run(self) -> StudyOutcome:
+    def run(self, confirm: bool = True) -> StudyOutcome:
+        """The baseline, the incumbent and warm start, the search, and (``confirm``, the leader
+        only) the confirmation rounds. Without ``confirm`` the caller runs ``confirm()`` itself
+        (the runner's confirm step) and reads ``outcome()`` after it."""
         from optuna.trial import TrialState
 
         self._dupes = 0
@@ -656,7 +659,12 @@ class Study:
                 self.study.set_user_attr("stopped_because", self.stopped_because)
             if self.leader:
                 self._wait_while_running()  # other workers' last trials belong in the decision
-                self.confirm()
+                if confirm:
+                    self.confirm()
+        return self._outcome()
+
+    def outcome(self) -> StudyOutcome:
+        """What the study has done so far: its trials, starts, why it stopped, whether it paused."""
         return self._outcome()
 
     def _outcome(self) -> StudyOutcome:
