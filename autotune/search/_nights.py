@@ -10,6 +10,7 @@ in the same storage count, of the same spec (study name prefix), hardware and vL
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import math
 
@@ -19,11 +20,15 @@ from autotune.search._record import study_hardware, study_vllm_version
 
 log = logging.getLogger("autotune")
 
+NIGHTS = 14
+"""How many of the newest earlier studies are read: a study's start reads their trials, and the
+storage keeps every night's."""
+
 
 def earlier_bands_tax(storage, prefix: str, *, exclude: str, hardware: str | None, vllm_version: str | None,
                       weights: dict[int, float], level: int) -> tuple[float, int, list[str]] | None:
     """(ratio, degrees of freedom, the studies it came from) pooled on the log scale over the
-    earlier studies named ``<prefix>-*`` in ``storage`` (all but ``exclude``) that ran on
+    earlier studies named ``<prefix>-*`` in ``storage`` (all but ``exclude``; the ``NIGHTS`` newest) that ran on
     ``hardware`` with ``vllm_version``; None when none of them measured a band schedule."""
     import optuna
     from optuna.trial import TrialState
@@ -33,12 +38,11 @@ def earlier_bands_tax(storage, prefix: str, *, exclude: str, hardware: str | Non
     except Exception as e:  # an unreadable storage fails the study elsewhere, with its own message
         log.warning("earlier nights' bands tax not read: %s", e)
         return None
+    earlier = [s for s in summaries if s.study_name.startswith(prefix + "-") and s.study_name != exclude
+               and study_hardware(s) == hardware and study_vllm_version(s) == vllm_version]
+    earlier.sort(key=lambda s: s.datetime_start or dt.datetime.min, reverse=True)
     logs, df, used = 0.0, 0, []
-    for s in summaries:
-        if not s.study_name.startswith(prefix + "-") or s.study_name == exclude:
-            continue
-        if study_hardware(s) != hardware or study_vllm_version(s) != vllm_version:
-            continue
+    for s in earlier[:NIGHTS]:
         study = optuna.load_study(study_name=s.study_name, storage=storage)
         trials = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
         obs = [o for o in (observation_from_trial(t, level) for t in trials) if o is not None]

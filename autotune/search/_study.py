@@ -621,7 +621,7 @@ class Study:
             else:
                 self._run_enqueued({"method": NONE}, ROLE_BASELINE)
         if self.paused:
-            return self._outcome()
+            return self.outcome()
         if not self.trials(config_key=NONE):
             raise TrialFailed("the no-speculation baseline failed; nothing can be compared "
                               f"(see {self.home / 'logs' / self.name})")
@@ -661,13 +661,10 @@ class Study:
                 self._wait_while_running()  # other workers' last trials belong in the decision
                 if confirm:
                     self.confirm()
-        return self._outcome()
+        return self.outcome()
 
     def outcome(self) -> StudyOutcome:
         """What the study has done so far: its trials, starts, why it stopped, whether it paused."""
-        return self._outcome()
-
-    def _outcome(self) -> StudyOutcome:
         return StudyOutcome(study_name=self.name, storage=self.storage_url,
                             trials=self.study.get_trials(deepcopy=False), server_starts=self.server_starts(),
                             interrupted_starts=self.interrupted_starts(),
