@@ -79,32 +79,38 @@ def test_ngram_mid_study_searches_below_k_max_and_picks_within_the_grids_noise(m
     about 10%, docs/notes/2026-12-01-smollm2-vllm-cpu.md). So the test asks what a search can be held to: it measures a
     middle K (a search that stops at the edge never does), and its pick is within the grid's noise
     of the best. A study that measured the middle may still keep K=8 when K=8's start ran fast;
-    requiring 1 < K < 8 of the pick asserts the machine's timing, and failed in CI."""
+    requiring 1 < K < 8 of the pick asserts the machine's timing, and failed in CI.
+
+    The pick is the search's (``evidence.winner``), with no confirmation rounds: whether two or
+    three rounds settle the decision is the noise of the host that day (a 2.15x gain on 2 vs 2
+    starts, 1 df, stayed inconclusive in CI, as the rule says it must), and the decision on
+    confirmation rounds has tests of its own (test_study_vllm.py, tests/test_decide*.py)."""
     g = grid("ngram-mid")
     best = g[0]
     # the workload is only worth testing while its measured answer is a middle K
     assert best["config"] and 1 < best["config"]["num_speculative_tokens"] < 8, best
-    # four search starts, then two confirmation rounds of baseline and winner (the winner's own
-    # noise needs two of its starts; the search leaves room for them)
+    # four search starts, no confirmation: an unconfirmed pick is kept as "not confirmed"
     spec = make_spec("benchmarks/workloads/ngram-mid.yaml", budget__max_trials=4,
-                     budget__max_server_starts=8, objective__confirm_starts=1, objective__confirm_max_starts=2)
+                     budget__max_server_starts=4, objective__confirm_starts=0)
     rec = run_study(spec, tmp_path)
-    assert rec["decision"] == "change", rec["reason"]
-    conf = rec["speculative_config"]
+    ev = rec["evidence"]
+    assert rec["decision"] == "keep" and ev["keep_reason"] == "not confirmed", rec["reason"]
+    assert rec["speculative_config"] is None and "objective.confirm_starts is 0" in rec["reason"]
+    conf = ev["winner"]["config"]
     assert conf["method"] == "ngram" and conf["num_speculative_tokens"] > 1, conf
     done = measured(tmp_path)
     middle = [c for c in done if c and 1 < c["num_speculative_tokens"] < 8]
     assert middle, f"the search measured no middle K: {done}"
     tpot, chosen_noise = grid_point(g, conf)
     assert tpot <= best["tpot_ms"] * (1 + noise(best) + chosen_noise), (conf, tpot, best)
-    assert rec["study"]["server_starts"] <= 8
+    assert rec["study"]["server_starts"] == 4
 
 
 def test_nospec_study_keeps_no_speculation(make_spec, tmp_path):
     g = grid("nospec")
     assert g[0]["config_key"] == NONE, g[0]
     spec = make_spec("benchmarks/workloads/nospec.yaml", space__k={"min": 1, "max": 4},
-                     budget__max_trials=3, budget__max_server_starts=5, objective__confirm_starts=1)
+                     budget__max_trials=2, budget__max_server_starts=4, objective__confirm_starts=1)
     rec = run_study(spec, tmp_path)
     assert rec["decision"] in ("keep", "disable"), rec["reason"]
     assert rec["speculative_config"] is None
