@@ -189,3 +189,23 @@ def test_daemon_skips_the_study_only_when_opted_in_and_nothing_drifted(workload)
     said.clear()
     assert d.no_retune_needed("code") is False
     assert any("[code] retune: mix changed (code share 0.80 -> 0.20, chat share 0.20 -> 0.80)" in m for m in said)
+
+
+def test_realized_does_not_judge_a_quantile_the_canary_left_unresolved():
+    code = bundle()
+    d = code["derived"]
+    pred = {"tpot_p50": d["tpot_ms"]["p50"] * 3, "tpot_p90": d["tpot_ms"]["p90"], "deployed_k": 4}
+    canary = {"tpot_ms_p50": None, "tpot_ms_p90": [pred["tpot_p90"] * 0.65, pred["tpot_p90"] * 1.35],
+              "unresolved": {"tpot_ms_p50": "falls in production's 0-10 ms histogram bucket"}}
+    res = _drift.realized({"id": "r1", "predicted": pred, "canary": canary}, {"recommendation": "r1"}, code)
+    rows = {r["figure"]: r for r in res["rows"]}
+    assert rows["tpot_ms_p50"]["ok"] is None and rows["tpot_ms_p50"]["unresolved"] and not res["gap_flagged"]
+    assert rows["tpot_ms_p90"]["ok"] is True
+    lines = _drift.realized_lines(res)
+    assert any("unresolved" in x and "tpot_ms_p50" in x for x in lines)
+    assert any(x.startswith("  note: tpot_ms_p50: falls in") for x in lines)
+    # the same figures with a range: the 3x gap is flagged
+    canary["tpot_ms_p50"] = [pred["tpot_p50"] * 0.75, pred["tpot_p50"] * 1.25]
+    del canary["unresolved"]
+    res = _drift.realized({"id": "r1", "predicted": pred, "canary": canary}, {"recommendation": "r1"}, code)
+    assert res["gap_flagged"] and any(f.startswith("tpot_ms_p50") for f in res["flagged"])

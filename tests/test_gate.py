@@ -242,3 +242,29 @@ def test_recommendation_trust_fields_from_the_gated_study(tmp_path, monkeypatch)
     assert b["engine"]["vllm_version"] == "0.32.0" and len(b["engine"]["sha256"]) == 16
     assert b["traffic"]["requests"] == 72 and b["traffic"]["tag_shares"] == {"None": 1.0}
     assert {k["figure"] for k in b["kill_criteria"]} >= {"acceptance_length", "failed_requests", "preemptions"}
+
+
+def test_canary_quantiles_production_histogram_cannot_resolve_have_no_range(tmp_path, monkeypatch):
+    """The replay's TPOTs (a few ms) sit in vLLM's first TPOT bucket (0-10 ms): Prometheus reads
+    the same p50 whatever the TPOT inside it, so a p50 range would be a band around the bucket's
+    midpoint that no regression can leave. The canary drops those ranges, says why, keeps the
+    exact mean; with production's own finer buckets the ranges come back."""
+    import dataclasses
+
+    from autotune.trust import _drift
+    st, _ = _fake_study(tmp_path, monkeypatch, REPLAY_CODE)
+    st.run()
+    inc = st.spec.incumbent
+    rec = study_record(st)  # the timings judged, at the default tolerances
+    prod = rec.spec.production.model_copy(update={"tolerances": FidelityTolerances()})
+    rec = dataclasses.replace(rec, spec=rec.spec.model_copy(update={"production": prod}))
+    b = _drift.trust_blocks(rec, {"speculative_config": inc}, st.fidelity)
+    p, c = b["predicted"], b["canary"]
+    assert p["tpot_ms_p50"] < 10 and p["tpot_ms_p90"] < 10
+    assert c["tpot_ms_p50"] is None and c["tpot_ms_p90"] is None and c["tpot_ms_mean"]
+    assert "0-10 ms histogram bucket" in c["unresolved"]["tpot_ms_p50"]
+    fine = {**st.fidelity, "telemetry": {**st.fidelity["telemetry"],
+                                         "tpot_bounds_ms": [p["tpot_ms_p50"] * f for f in (0.8, 0.9, 1.0, 1.1, 1.2)]
+                                         + [p["tpot_ms_p90"] * f for f in (0.9, 1.0, 1.1)]}}
+    b = _drift.trust_blocks(rec, {"speculative_config": inc}, fine)
+    assert b["canary"]["tpot_ms_p50"] and b["canary"]["tpot_ms_p90"] and "unresolved" not in b["canary"]

@@ -210,3 +210,15 @@ def test_scrape_window_against_a_fake_server_and_unreachable(tmp_path):
         srv.shutdown()
     r = CliRunner().invoke(main, ["telemetry", "scrape", "--url", url, "--window", "1s"])
     assert r.exit_code == 3 and "cannot scrape" in r.output
+
+
+def test_a_histogram_resolves_a_tpot_only_where_its_bucket_is_narrower_than_the_tolerance():
+    from autotune.trust._drift import VLLM_TPOT_BOUNDS_MS as B
+    assert tel.bucket_of(0.9, B) == (0.0, 10.0) and tel.bucket_of(60, B) == (50.0, 75.0)
+    assert tel.bucket_of(1e6, B) == (80000.0, float("inf"))
+    assert not tel.resolves(0.9, B, 0.25)      # first bucket: 0 below
+    assert not tel.resolves(12.0, B, 0.25)     # 10-25 ms: 2.5x wide
+    assert tel.resolves(60.0, B, 0.25)         # 50-75 ms: 1.5x, within 0.75-1.25
+    assert not tel.resolves(60.0, B, 0.10)     # ... but not within 0.9-1.1
+    assert not tel.resolves(1e6, B, 0.25)      # +Inf bucket
+    assert tel.resolves(0.9, [0.5, 0.8, 1.0, 1.2], 0.25)

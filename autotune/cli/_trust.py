@@ -201,12 +201,13 @@ def show_trust_lines(rec: dict) -> list[str]:
 
     def rng(key, unit=""):
         r = c.get(key)
-        return f"{r[0]:.2f}-{r[1]:.2f}{unit}" if r else "-"
+        return f"{r[0]:.2f}-{r[1]:.2f}{unit}" if r else "unresolved" if key in (c.get("unresolved") or {}) else "-"
 
     if c:
         out.append(f"canary: TPOT p50 {rng('tpot_ms_p50', ' ms')}, p90 {rng('tpot_ms_p90', ' ms')}, mean "
                    f"{rng('tpot_ms_mean', ' ms')}; acceptance length "
                    f"{rng('acceptance_length')}; tokens per step {rng('tokens_per_step')}")
+        out += [f"canary {key} unresolved: {why}" for key, why in (c.get("unresolved") or {}).items()]
     for k in rec.get("kill_criteria") or []:
         bound = f"above {k['above']:.2f}" if "above" in k and isinstance(k["above"], float) else \
             f"above {k['above']}" if "above" in k else f"below {k['below']:.2f}"

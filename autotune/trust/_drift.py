@@ -114,6 +114,23 @@ def _pooled(trials, bounds_ms: list[float]) -> dict:
             "deployed_k": k, "trials": [t.number for t in trials], "requests": len(tpots)}
 
 
+def _unresolved(predicted: dict, bounds_ms: list[float], tol) -> dict[str, str]:
+    """The TPOT quantiles production's histogram cannot check at their tolerance
+    (``_telemetry.resolves``), each with why: no canary range for them, since any TPOT inside the
+    bucket reads the same; the mean (exact, from the histogram's ``_sum`` and ``_count``) stays."""
+    out = {}
+    for key, q, t in (("tpot_ms_p50", "p50", tol.tpot_p50), ("tpot_ms_p90", "p90", tol.tpot_p90)):
+        exact = predicted.get(f"tpot_ms_{q}")
+        if exact is None or t is None or _telemetry.resolves(exact, bounds_ms, t):
+            continue
+        lo, hi = _telemetry.bucket_of(exact, bounds_ms)
+        reads = predicted.get(f"tpot_{q}")
+        out[key] = (f"the replay's TPOT {q} {exact:.2f} ms falls in production's {lo:g}-{hi:g} ms histogram bucket, "
+                    f"wider than the +-{t:.0%} tolerance: production's {q} reads "
+                    f"{'-' if reads is None else f'{reads:.2f} ms'} for any TPOT in that bucket; watch tpot_ms_mean")
+    return out
+
+
 def trust_blocks(study, payload: dict, fidelity: dict) -> dict:
     """``traffic``, ``engine``, ``predicted``, ``canary`` and ``kill_criteria`` of a recommendation,
     from the study's record (``search.StudyRecord``)."""
@@ -141,6 +158,11 @@ def trust_blocks(study, payload: dict, fidelity: dict) -> dict:
               "deployed_k": predicted["deployed_k"],
               "window": "at least 10 x the concurrency in finished requests, at the workload's concurrency "
                         f"({spec.replay.concurrency}); read with `autotune recommend check {spec.workload} --telemetry FILE`"}
+    unresolved = _unresolved(predicted, bounds, tol)
+    for key in unresolved:
+        canary[key] = None
+    if unresolved:
+        canary["unresolved"] = unresolved
     kill = []
     if rollback.get("tpot_mean") is not None and key != rollback_key:  # the mean: exact, the histogram's p50 is not
         kill.append({"figure": "tpot_ms_mean", "above": rollback["tpot_mean"],
@@ -294,8 +316,10 @@ def realized(rec: dict, mark: dict | None, telemetry: dict) -> dict:
                             ("acceptance_length", "acceptance_length", "acceptance_length"),
                             ("tokens_per_step", "tokens_per_step", "tokens_per_step")):
         p, r, rng = pred.get(pkey), prod.get(pkey), canary.get(ckey)
-        if p is None or r is None:
-            rows.append({"figure": fig, "predicted": p, "production": r, "gap": None, "range": rng, "ok": None})
+        unresolved = (canary.get("unresolved") or {}).get(ckey)
+        if p is None or r is None or unresolved:
+            rows.append({"figure": fig, "predicted": p, "production": r, "gap": None, "range": rng, "ok": None,
+                         **({"unresolved": unresolved} if unresolved else {})})
             continue
         ok = rng is None or rng[0] <= r <= rng[1]
         rows.append({"figure": fig, "predicted": p, "production": r, "gap": (r - p) / p if p else None,
@@ -330,8 +354,8 @@ def realized_lines(res: dict) -> list[str]:
         out.append(f"  {r['figure']:18s} predicted {_n(r['predicted'], '8.2f')}  production {_n(r['production'], '8.2f')}  "
                    f"gap {('-' if r['gap'] is None else format(r['gap'], '+.0%')):>5s}  "
                    f"canary {('-' if not rng else f'{rng[0]:.2f}-{rng[1]:.2f}')}  "
-                   f"{'-' if r['ok'] is None else 'ok' if r['ok'] else 'GAP'}")
-    for n in res["notes"]:
+                   f"{'unresolved' if r.get('unresolved') else '-' if r['ok'] is None else 'ok' if r['ok'] else 'GAP'}")
+    for n in res["notes"] + [f"{r['figure']}: {r['unresolved']}" for r in res["rows"] if r.get("unresolved")]:
         out.append(f"  note: {n}")
     out.append("  LARGE GAP: " + "; ".join(res["flagged"]) if res["flagged"] else "  within the canary ranges")
     return out

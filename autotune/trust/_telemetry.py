@@ -143,6 +143,27 @@ def read_as_histogram(values_ms: list[float], bounds_ms: list[float] | None) -> 
     return quantile(0.5, b), quantile(0.9, b)
 
 
+def bucket_of(value: float, bounds: list[float]) -> tuple[float, float]:
+    """The (lower, upper) bounds of the histogram bucket that holds ``value`` (0 below the first
+    bound; ``inf`` above the last)."""
+    lo = 0.0
+    for le in sorted(bounds):
+        if value <= le:
+            return lo, le
+        lo = le
+    return lo, math.inf
+
+
+def resolves(value: float, bounds: list[float], tolerance: float) -> bool:
+    """Whether a histogram with these bounds can see ``value`` move by ``tolerance`` (relative):
+    only when the bucket holding it is no wider than the band ``value * (1 -+ tolerance)``. A
+    shift inside one bucket leaves every bucket count, hence every quantile ``histogram_quantile``
+    reads, unchanged: vLLM's first TPOT bucket is 0-10 ms, so a 1 ms TPOT that doubles reads 5 ms
+    before and after."""
+    lo, hi = bucket_of(value, bounds)
+    return lo > 0 and math.isfinite(hi) and hi / lo <= (1 + tolerance) / (1 - tolerance)
+
+
 def step_figures(generated: float, first_tokens: float, accepted: float, drafts: float,
                  itl_steps: float | None = None) -> dict:
     """Decode steps, coverage and tokens per decode step from counter deltas. The steps are the
