@@ -222,3 +222,4 @@ def test_a_histogram_resolves_a_tpot_only_where_its_bucket_is_narrower_than_the_
     assert not tel.resolves(60.0, B, 0.10)     # ... but not within 0.9-1.1
     assert not tel.resolves(1e6, B, 0.25)      # +Inf bucket
     assert tel.resolves(0.9, [0.5, 0.8, 1.0, 1.2], 0.25)
+    assert tel.resolves(12.0, B, 1.0) and not tel.resolves(0.9, B, 1.5)  # a band reaching 0: two finite bounds

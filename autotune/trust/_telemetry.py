@@ -156,12 +156,13 @@ def bucket_of(value: float, bounds: list[float]) -> tuple[float, float]:
 
 def resolves(value: float, bounds: list[float], tolerance: float) -> bool:
     """Whether a histogram with these bounds can see ``value`` move by ``tolerance`` (relative):
-    only when the bucket holding it is no wider than the band ``value * (1 -+ tolerance)``. A
+    only when the bucket holding it is no wider, as the ratio of its bounds, than the band
+    ``value * (1 -+ tolerance)`` (a tolerance of 1 or more: any bucket with two finite bounds). A
     shift inside one bucket leaves every bucket count, hence every quantile ``histogram_quantile``
     reads, unchanged: vLLM's first TPOT bucket is 0-10 ms, so a 1 ms TPOT that doubles reads 5 ms
     before and after."""
     lo, hi = bucket_of(value, bounds)
-    return lo > 0 and math.isfinite(hi) and hi / lo <= (1 + tolerance) / (1 - tolerance)
+    return lo > 0 and math.isfinite(hi) and (tolerance >= 1 or hi / lo <= (1 + tolerance) / (1 - tolerance))
 
 
 def step_figures(generated: float, first_tokens: float, accepted: float, drafts: float,
