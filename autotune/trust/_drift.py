@@ -150,19 +150,16 @@ def trust_blocks(study, payload: dict, fidelity: dict) -> dict:
     def rng(v, t):
         return None if v is None or t is None else [v * (1 - t), v * (1 + t)]
 
-    canary = {"tpot_ms_p50": rng(predicted["tpot_p50"], tol.tpot_p50),
-              "tpot_ms_p90": rng(predicted["tpot_p90"], tol.tpot_p90),
+    unresolved = _unresolved(predicted, bounds, tol)  # no range where production cannot see one
+    canary = {"tpot_ms_p50": None if "tpot_ms_p50" in unresolved else rng(predicted["tpot_p50"], tol.tpot_p50),
+              "tpot_ms_p90": None if "tpot_ms_p90" in unresolved else rng(predicted["tpot_p90"], tol.tpot_p90),
               "tpot_ms_mean": rng(predicted["tpot_mean"], tol.tpot_mean),
               "acceptance_length": rng(predicted["acceptance_length"], tol.acceptance_length),
               "tokens_per_step": rng(predicted["tokens_per_step"], tol.tokens_per_step),
               "deployed_k": predicted["deployed_k"],
               "window": "at least 10 x the concurrency in finished requests, at the workload's concurrency "
-                        f"({spec.replay.concurrency}); read with `autotune recommend check {spec.workload} --telemetry FILE`"}
-    unresolved = _unresolved(predicted, bounds, tol)
-    for key in unresolved:
-        canary[key] = None
-    if unresolved:
-        canary["unresolved"] = unresolved
+                        f"({spec.replay.concurrency}); read with `autotune recommend check {spec.workload} --telemetry FILE`",
+              **({"unresolved": unresolved} if unresolved else {})}
     kill = []
     if rollback.get("tpot_mean") is not None and key != rollback_key:  # the mean: exact, the histogram's p50 is not
         kill.append({"figure": "tpot_ms_mean", "above": rollback["tpot_mean"],
