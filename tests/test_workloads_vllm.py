@@ -84,7 +84,7 @@ def test_ngram_mid_study_searches_below_k_max_and_picks_within_the_grids_noise(m
     The pick is the search's (``evidence.winner``), with no confirmation rounds: whether two or
     three rounds settle the decision is the noise of the host that day (a 2.15x gain on 2 vs 2
     starts, 1 df, stayed inconclusive in CI, as the rule says it must), and the decision on
-    confirmation rounds has tests of its own (test_study_vllm.py, tests/test_decide*.py)."""
+    confirmation rounds has tests of its own (test_study_vllm.py, test_recommend.py)."""
     g = grid("ngram-mid")
     best = g[0]
     # the workload is only worth testing while its measured answer is a middle K
