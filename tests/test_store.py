@@ -1,4 +1,4 @@
-"""autotune's own tables (autotune/core/sql/): migrations applied once and all-or-nothing, the claims that keep
+"""autotune's own tables (sql/ at the top level): migrations applied once and all-or-nothing, the claims that keep
 workers from measuring a configuration twice, and the SRE report queries, on SQLite and on a
 real PostgreSQL server (`.ci/run` starts one; see the ``pg_url`` fixture)."""
 
@@ -35,7 +35,7 @@ def _tables(url: str) -> set[str]:
 
 def test_migrations_are_numbered_files():
     ms = migrations()
-    assert ms and ms[0].version == 1 and ms[0].path.parent == ROOT / "autotune" / "core" / "sql" / "migrations"
+    assert ms and ms[0].version == 1 and ms[0].path.parent == ROOT / "sql" / "migrations"
     assert [m.version for m in ms] == sorted(m.version for m in ms)
     assert any("CREATE TABLE autotune_runs" in s for s in ms[0].statements())
 
@@ -50,7 +50,7 @@ def test_migrate_twice_is_a_no_op(url):
 
 def test_failing_migration_leaves_nothing_behind(url, tmp_path):
     sql = tmp_path / "sql"
-    shutil.copytree(ROOT / "autotune" / "core" / "sql", sql)
+    shutil.copytree(ROOT / "sql", sql)
     (sql / "migrations" / "0002_broken.sql").write_text(
         "CREATE TABLE autotune_half (x INTEGER);\nINSERT INTO no_such_table VALUES (1);\n")
     with pytest.raises(StoreError) as ei:
@@ -148,7 +148,7 @@ def test_report_files_run_in_the_sqlite3_shell_as_they_are(tmp_path):
     db = tmp_path / "a.db"
     _fill(Store(f"sqlite:///{db}"))
     for name in _store.reports():
-        text = (ROOT / "autotune" / "core" / "sql" / "reports" / f"{name}.sql").read_text()
+        text = (ROOT / "sql" / "reports" / f"{name}.sql").read_text()
         rows = sqlite3.connect(db).execute(text).fetchall()  # what `sqlite3 db < file` runs
         assert rows, name
         if shutil.which("sqlite3"):
@@ -162,7 +162,7 @@ def test_report_files_run_in_psql_as_they_are(pg_url):
     _fill(Store(pg_url))
     plain = pg_url.replace("postgresql+psycopg://", "postgresql://")
     for name in _store.reports():
-        out = subprocess.run(["psql", plain, "-v", "ON_ERROR_STOP=1", "-f", str(ROOT / "autotune" / "core" / "sql" / "reports" / f"{name}.sql")],
+        out = subprocess.run(["psql", plain, "-v", "ON_ERROR_STOP=1", "-f", str(ROOT / "sql" / "reports" / f"{name}.sql")],
                              capture_output=True, text=True)
         assert out.returncode == 0, out.stderr
         assert "row" in out.stdout

@@ -117,7 +117,7 @@ def spec_storages(settings, default: bool = True) -> set[str]:
 # ---- db -----------------------------------------------------------------------------------
 @click.group("db")
 def db() -> None:
-    """autotune's own tables: migrations and SRE reports (autotune/core/sql/)."""
+    """autotune's own tables: migrations and SRE reports (the repository's sql/, installed with autotune)."""
 
 
 def _store_for(storage: str | None):
@@ -134,7 +134,7 @@ def _store_for(storage: str | None):
 @db.command("migrate")
 @storage_options("database URL (default: the first spec's storage)")
 def db_migrate(storage) -> None:
-    """Apply pending migrations from autotune/core/sql/migrations (also done at every start)."""
+    """Apply pending migrations from sql/migrations (shipped with autotune; also done at every start)."""
     from autotune.core._store import StoreError, migrate, safe_url
 
     settings = get_settings()

@@ -1,17 +1,18 @@
-"""autotune's own tables (``autotune/core/sql/migrations``), beside Optuna's, in the same SQLite or PostgreSQL.
+"""autotune's own tables (the repository's ``sql/migrations``), beside Optuna's, in the same SQLite or PostgreSQL.
 
 Optuna keeps the trials; these tables keep what SREs and the daemon ask about without Optuna:
 runs (who ran what, how it ended), per-trial headline measurements, every recommendation, and
 the claims that stop two workers from measuring one configuration twice. The schema is plain,
-portable SQL in ``autotune/core/sql/migrations/NNNN_name.sql`` (package data: a wheel ships them;
-``AUTOTUNE_SQL_DIR`` points elsewhere), applied in order at startup inside one
+portable SQL in ``sql/migrations/NNNN_name.sql`` (installed as the package ``autotune._sql``: a wheel
+ships them; ``AUTOTUNE_SQL_DIR`` points elsewhere), applied in order at startup inside one
 transaction under a lock (``BEGIN IMMEDIATE`` on SQLite, an advisory lock on PostgreSQL), so
 concurrent starts on several hosts apply each migration exactly once and a failing migration
-leaves nothing behind. The report queries in ``autotune/core/sql/reports`` run as they are in sqlite3 or psql.
+leaves nothing behind. The report queries in ``sql/reports`` run as they are in sqlite3 or psql.
 """
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 import os
 import re
@@ -25,7 +26,22 @@ from autotune.core._files import ensure_private_file
 from autotune.core._lock import FileLock
 from autotune.core._schedule import iso
 
-SQL_DIR = Path(os.environ.get("AUTOTUNE_SQL_DIR") or Path(__file__).resolve().parent / "sql")
+
+def shipped_sql_dir() -> Path:
+    """The folder of autotune's SQL files: the checkout's top-level ``sql/`` when autotune runs
+    from a source tree (this tree's copy, even where another checkout is installed), else the
+    installed package ``autotune._sql`` (pyproject maps ``sql/`` to it, so a wheel or an editable
+    install carries the same files). A missing one is reported by ``migrations()``, naming it."""
+    checkout = Path(__file__).resolve().parents[2]
+    if (checkout / "pyproject.toml").is_file() and (checkout / "sql" / "migrations").is_dir():
+        return checkout / "sql"
+    try:
+        return Path(str(importlib.resources.files("autotune._sql")))
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parent.parent / "_sql"
+
+
+SQL_DIR = Path(os.environ.get("AUTOTUNE_SQL_DIR") or shipped_sql_dir())
 _MIGRATION = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 _REPORT_NAME = re.compile(r"^[a-z0-9_]+$")
 _PG_LOCK_KEY = 7_274_883_001  # arbitrary, constant: serialises migrations across hosts
