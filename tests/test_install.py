@@ -43,6 +43,12 @@ def _clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("AUTOTUNE") and k != "PYTHONPATH"}
 
 
+def test_the_top_level_is_the_documented_layout():
+    top = {p.name for p in ROOT.iterdir()}
+    assert {"pyproject.toml", "autotune", "studies", "sql", "tests", "README.md", "Makefile"} <= top
+    assert (ROOT / "sql" / "README.md").is_file()  # how to run a report query by hand
+
+
 def test_the_sql_lives_once_at_the_top_level():
     assert {"migrations/0001_initial.sql", "reports/runs.sql"} <= set(SQL_FILES)
     assert not [str(p) for p in (ROOT / "autotune").rglob("*.sql")]  # no second copy inside the package

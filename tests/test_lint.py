@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PATHS = ["autotune", "tests", "benchmarks", "tools"]
+PATHS = ["autotune", "sql", "tests", "benchmarks", "tools"]
 
 
 def ruff(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
