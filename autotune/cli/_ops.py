@@ -12,7 +12,7 @@ import sys
 
 import click
 
-from autotune.cli._common import EXIT_ENGINE, fail, print_event, read_storage_file, run_and_exit, storage_options
+from autotune.cli._common import EXIT_ENGINE, EXIT_INTERRUPTED, fail, print_event, read_storage_file, run_and_exit, storage_options
 from autotune.core._settings import get_settings
 
 
@@ -73,7 +73,7 @@ def exporter(storages, storage_files, addr, port) -> None:
     import threading
 
     from autotune.cli._common import resolve_storage
-    from autotune.core._signals import graceful_stop
+    from autotune.core._signals import graceful_stop, signame_of
     from autotune.ops import _exporter
 
     settings = get_settings()
@@ -84,8 +84,9 @@ def exporter(storages, storage_files, addr, port) -> None:
     try:
         with graceful_stop():
             threading.Event().wait()
-    except KeyboardInterrupt:
-        pass
+    except KeyboardInterrupt as e:  # SIGTERM is the service's clean stop; Ctrl-C is 130, as everywhere
+        if signame_of(e) == "SIGINT":
+            fail("interrupted", EXIT_INTERRUPTED)
     finally:
         srv.shutdown()
 
