@@ -13,6 +13,7 @@ from pathlib import Path
 
 import click
 
+from autotune.core._inputs import LIMITS, InputError, open_input
 from autotune.core._settings import Settings
 from autotune.core._spec import SpecError, find_spec, load_spec
 from autotune.core._store import StoreError, check_url, error_line, has_password, safe_url, scrub
@@ -38,9 +39,11 @@ def read_storage_file(path: str) -> str:
     """The storage URL in ``path``: its first line that is not blank or a comment; an
     ``AUTOTUNE__STORAGE=...`` line is read too, so the systemd environment file serves as is."""
     try:
-        with open(path, encoding="utf-8") as fh:
+        with open_input(path, "storage file") as fh:
             mode = os.fstat(fh.fileno()).st_mode
-            lines = fh.read().splitlines()
+            lines = fh.read(LIMITS["storage file"]).decode("utf-8").splitlines()
+    except InputError as e:
+        fail(f"--storage-file {e}")
     except (OSError, UnicodeDecodeError) as e:
         fail(f"--storage-file {path}: cannot read it ({getattr(e, 'strerror', None) or e})")
     urls = []

@@ -54,6 +54,8 @@ class _Main(click.Group):
             if logging.getLogger().isEnabledFor(logging.DEBUG):
                 traceback.print_exc()
             code = exit_code(e, foreseen=False)
+            if code == EXIT_INPUT and not hasattr(e, "errors"):  # an input file (InputError) names itself
+                fail(str(e), code)
             if code == EXIT_INPUT:  # AUTOTUNE__METRICS_PORT=abc
                 fail("; ".join(f"setting AUTOTUNE__{'.'.join(map(str, err['loc'])).upper()}: {err['msg']}"
                                for err in e.errors()), code)

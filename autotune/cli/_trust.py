@@ -14,6 +14,7 @@ import sys
 import click
 
 from autotune.cli._common import fail, hand_edited, load_recommendation, spec_for
+from autotune.core._inputs import read_input
 from autotune.core._settings import get_settings
 
 EXIT_OK, EXIT_FLAG, EXIT_INPUT, EXIT_UNREACHABLE = 0, 1, 2, 3
@@ -181,7 +182,7 @@ def recommend_check(workload, spec_path, telemetry_path, as_json) -> None:
     rec = _current(spec)
     tel = _load_telemetry(telemetry_path)
     try:
-        mark = json.loads(_drift.deployed_path(_rec_dir(spec), workload).read_text())
+        mark = json.loads(read_input(_drift.deployed_path(_rec_dir(spec), workload), "deploy mark"))
     except (OSError, ValueError):
         mark = None
     with hand_edited(_rec_dir(spec), workload):

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer,
                       model_validator)
 
+from autotune.core._inputs import InputError, read_input
 from autotune.core._measure import STATISTICS
 from autotune.core._schedule import parse_cron
 
@@ -718,9 +719,11 @@ def _read_yaml(path: Path):
     import yaml
 
     try:
-        raw = path.read_bytes()
+        raw = read_input(path, "study spec")
     except OSError as e:
         raise SpecError(f"{path}: cannot read study spec ({e.strerror})") from None
+    except InputError as e:
+        raise SpecError(str(e)) from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -12,6 +12,7 @@ import math
 from pathlib import Path
 
 from autotune.core._files import SHARED, write_json
+from autotune.core._inputs import read_input
 from autotune.core._store import safe_url
 from autotune.decide._decision import Decision, replay_provenance
 from autotune.engines import _registry
@@ -215,7 +216,7 @@ def load(recommendations_dir: str | Path, workload: str) -> dict:
     field or changed its type): readers then say so instead of failing on a missing key."""
     p = recommendation_path(recommendations_dir, workload)
     try:
-        rec = json.loads(p.read_bytes().decode("utf-8"))
+        rec = json.loads(read_input(p, "recommendation").decode("utf-8"))
     except FileNotFoundError:
         raise FileNotFoundError(f"no recommendation for workload {workload!r} at {p}") from None
     except json.JSONDecodeError as e:
