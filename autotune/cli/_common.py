@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from autotune.core._inputs import LIMITS, InputError, open_input
+from autotune.core._names import study_name_problem, workload_problem
 from autotune.core._settings import Settings
 from autotune.core._spec import SpecError, find_spec, load_spec
 from autotune.core._store import StoreError, check_url, error_line, has_password, safe_url, scrub
@@ -26,6 +27,24 @@ def fail(msg: str, code: int = EXIT_INPUT) -> None:
     """One ``error:`` line on stderr, then exit with ``code``."""
     click.echo(f"error: {msg}", err=True)
     sys.exit(code)
+
+
+class _Name(click.ParamType):
+    """A workload or study name from the command line: it becomes file names, so it is checked
+    first (``core._names``)."""
+
+    def __init__(self, name: str, problem):
+        self.name, self.problem = name, problem
+
+    def convert(self, value, param, ctx):
+        problem = self.problem(value)
+        if problem:
+            self.fail(problem, param, ctx)
+        return value
+
+
+WORKLOAD = _Name("workload", workload_problem)
+STUDY_NAME = _Name("study name", study_name_problem)
 
 
 def spec_for(workload: str, spec_path: str | None, settings: Settings):

@@ -13,7 +13,7 @@ import sys
 
 import click
 
-from autotune.cli._common import fail, hand_edited, load_recommendation, spec_for
+from autotune.cli._common import WORKLOAD, fail, hand_edited, load_recommendation, spec_for
 from autotune.core._inputs import read_input
 from autotune.core._settings import get_settings
 
@@ -107,7 +107,7 @@ def drift() -> None:
 
 
 @drift.command("check")
-@click.argument("workload")
+@click.argument("workload", type=WORKLOAD)
 @click.option("--spec", "spec_path", type=click.Path(dir_okay=False),
               help="study spec file (default: <studies-dir>/<workload>.yaml)")
 @click.option("--replay", type=click.Path(dir_okay=False), help="current traffic (default: the spec's replay.path)")
@@ -150,7 +150,7 @@ def _current(spec) -> dict:
 
 
 @click.command("mark-deployed")
-@click.argument("workload")
+@click.argument("workload", type=WORKLOAD)
 @click.option("--spec", "spec_path", type=click.Path(dir_okay=False),
               help="study spec file (default: <studies-dir>/<workload>.yaml)")
 @click.option("--note", help="free text kept with the mark (change ticket, canary host)")
@@ -168,7 +168,7 @@ def recommend_mark_deployed(workload, spec_path, note) -> None:
 
 
 @click.command("check")
-@click.argument("workload")
+@click.argument("workload", type=WORKLOAD)
 @click.option("--spec", "spec_path", type=click.Path(dir_okay=False),
               help="study spec file (default: <studies-dir>/<workload>.yaml)")
 @click.option("--telemetry", "telemetry_path", required=True, type=click.Path(dir_okay=False),

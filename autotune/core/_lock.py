@@ -27,6 +27,7 @@ import stat
 import time
 from pathlib import Path
 
+from autotune.core._names import check_gpu, check_workload, child
 from autotune.core._schedule import iso
 
 EX_TEMPFAIL = 75
@@ -190,19 +191,19 @@ class FileLock:
 
 
 def gpu_lock_path(lock_dir: str | Path, gpu: str) -> Path:
-    return Path(lock_dir) / f"gpu-{gpu}.lock"
+    return child(lock_dir, f"gpu-{check_gpu(gpu)}.lock")
 
 
 def lead_lock_path(lock_dir: str | Path, workload: str) -> Path:
     """Held by the run that leads a workload's study (confirms, decides, writes the recommendation):
     on two GPUs, the second `study start` of one workload exits 75 instead of leading it too."""
-    return Path(lock_dir) / f"lead-{workload}.lock"
+    return child(lock_dir, f"lead-{check_workload(workload)}.lock")
 
 
 def daemon_lock_path(lock_dir: str | Path, gpu: str) -> Path:
-    return Path(lock_dir) / f"daemon-gpu-{gpu}.lock"
+    return child(lock_dir, f"daemon-gpu-{check_gpu(gpu)}.lock")
 
 
 def servers_dir(lock_dir: str | Path, gpu: str) -> Path:
     """Pidfiles of the vLLM servers started under this GPU's lock (see ``_recovery``)."""
-    return Path(lock_dir) / f"gpu-{gpu}.servers"
+    return child(lock_dir, f"gpu-{check_gpu(gpu)}.servers")

@@ -26,6 +26,7 @@ import uuid
 from pathlib import Path
 
 from autotune.core._inputs import read_input
+from autotune.core._names import check_workload, child
 from autotune.core._schedule import iso, parse_iso
 from autotune.decide._decision import fmt_config  # noqa: F401 (callers read it here too)
 from autotune.decide._payload import load, recommendation_path, write_atomic
@@ -40,7 +41,7 @@ def new_rec_id() -> str:
 
 
 def history_dir(recommendations_dir: str | Path, workload: str) -> Path:
-    return Path(recommendations_dir) / "history" / workload
+    return child(Path(recommendations_dir) / "history", check_workload(workload))
 
 
 # ---- drift ----------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from autotune.core._exit import (EXIT_BUSY, EXIT_ENGINE, EXIT_FIDELITY, EXIT_INP
                                  EXIT_SOFTWARE, EXIT_WRITE)
 from autotune.core._inputs import InputError
 from autotune.core._lock import LockDirError, LockHeld
+from autotune.core._names import BadName
 from autotune.core._store import StoreError
 from autotune.engines._probe import ProbeError
 from autotune.search._trial import TrialFailed
@@ -47,7 +48,7 @@ def exit_code(exc: BaseException, foreseen: bool = True) -> int:
                 return code
     if isinstance(exc, KeyboardInterrupt):
         return EXIT_INTERRUPTED
-    if isinstance(exc, InputError):  # a FIFO, a device or a huge file given as input
+    if isinstance(exc, (InputError, BadName)):  # a FIFO, a huge file, a name with a '/' in it
         return EXIT_INPUT
     if isinstance(exc, ValidationError) and exc.title == "Settings":  # AUTOTUNE__METRICS_PORT=abc
         return EXIT_INPUT

@@ -67,6 +67,7 @@ from typing import Any, Callable, Iterable, Iterator
 from autotune.core._files import PRIVATE, AtomicFile, private_dir, write_json
 from autotune.core._inputs import input_lines, open_input, read_input, read_lines
 from autotune.core._lock import open_lock_file
+from autotune.core._names import check_workload, child
 from autotune.traffic._workloads import Classifier, explicit_tag, prompt_text
 
 log = logging.getLogger("autotune.traffic")
@@ -531,7 +532,7 @@ def traffic_dir(home: str | Path) -> Path:
 
 
 def pool_path(home: str | Path, workload: str) -> Path:
-    return traffic_dir(home) / f"{workload}.jsonl"
+    return child(traffic_dir(home), f"{check_workload(workload)}.jsonl")
 
 
 def meta_path(pool: Path) -> Path:
@@ -575,6 +576,7 @@ class _PoolWriter:
 
     def __init__(self, home: Path, replace: bool):
         self.dir = ensure_private_dir(traffic_dir(home))
+        self.home = home
         self.replace = replace
         self.open: dict[str, tuple[Any, set[str], Path]] = {}
         self.existing: Counter = Counter()
@@ -583,7 +585,7 @@ class _PoolWriter:
 
     def _get(self, workload: str):
         if workload not in self.open:
-            pool = self.dir / f"{workload}.jsonl"
+            pool = pool_path(self.home, workload)
             tmp = AtomicFile(pool, PRIVATE)
             fh = tmp.fh
             ids: set[str] = set()
