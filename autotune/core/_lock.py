@@ -27,6 +27,7 @@ import stat
 import time
 from pathlib import Path
 
+from autotune.core._files import PRIVATE_DIR, make_dirs
 from autotune.core._names import check_gpu, check_workload, child
 from autotune.core._schedule import iso
 
@@ -52,7 +53,7 @@ def private_lock_dir(d: str | Path) -> Path:
     closed to group and others (tightened when it is ours and merely loose)."""
     d = Path(d)
     try:
-        d.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(d.parent, PRIVATE_DIR)
         with _umask(0o077):
             d.mkdir(mode=0o700, exist_ok=True)
         st = os.lstat(d)
@@ -94,7 +95,7 @@ def open_lock_file(path: str | Path, private: bool = True) -> int:
     if private:
         private_lock_dir(path.parent)
     else:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(path.parent, PRIVATE_DIR)
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
     except OSError as e:
