@@ -26,7 +26,7 @@ from test_preflight import setup  # noqa: F401  (fixture: a spec on a fake engin
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT = 60        # seconds: a refused input takes well under one on the 2-core CI host
-AS_CAP = 3 * 1024 * MiB   # address space of a command: what reading /dev/zero would blow through
+AS_CAP = 8 * 1024 * MiB   # address space of a command: a regression reading /dev/zero stops here
 RSS_CAP = 400 * MiB  # a refused input, or a bomb read in bounded chunks, stays far below
 
 _LAUNCH = ("import os, resource, runpy\n"
@@ -44,7 +44,8 @@ def _limit():
 def run_cli(args: list[str], env: dict, cwd: Path) -> tuple[int, str, int]:
     """(exit code, stdout + stderr, peak RSS in bytes) of ``autotune ARGS``; a hang fails the test."""
     rss = cwd / f".rss-{os.getpid()}"
-    env = {**env, "AUTOTUNE_TEST_RSS": str(rss), "PYTHONPATH": str(ROOT)}
+    env = {**env, "AUTOTUNE_TEST_RSS": str(rss), "PYTHONPATH": str(ROOT), "OPENBLAS_NUM_THREADS": "1",
+           "OMP_NUM_THREADS": "1"}  # no per-core BLAS buffers counted against the address-space cap
     try:
         r = subprocess.run([sys.executable, "-c", _LAUNCH, *args], capture_output=True, text=True, env=env,
                            timeout=TIMEOUT, preexec_fn=_limit, cwd=cwd)
