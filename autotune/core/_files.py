@@ -9,12 +9,14 @@ Three permission classes:
 - ``PRIVATE`` (0600, folders 0700): anything that may hold prompt text or credentials: traffic
   pools and manifests, replay sets, vLLM server logs, the SQLite database, server pidfiles,
   caches.
-- ``SHARED`` (0640): what SREs read: the recommendation file, its history copies, deploy marks,
+- ``SHARED`` (0640, folders 0750): what SREs read: the recommendation file, its history copies, deploy marks,
   checks, telemetry bundles. Readable by the file's group (give the recommendations folder the
   SRE group and the setgid bit, ``chgrp sre recommendations && chmod 2750 recommendations``, and
   new files inherit it), never by everyone.
-- ``PUBLIC`` (0644): built artefacts with nothing private in them (the demo models, their
+- ``PUBLIC`` (0644, folders 0755): built artefacts with nothing private in them (the demo models, their
   checksums), which another user's engine may need to read.
+
+Every folder is made by ``make_dirs``, with its mode whatever the umask.
 
 Files another library writes (a GGUF writer, ``save_pretrained``) are written to a temp path and
 made current with ``commit_file`` / ``commit_dir``: the same fsync, rename and permissions.
@@ -37,8 +39,6 @@ SHARED = 0o640
 PRIVATE_DIR = 0o700
 PUBLIC = 0o644
 PUBLIC_DIR = 0o755
-
-
 SHARED_DIR = 0o750
 
 

@@ -14,19 +14,22 @@ import re
 from pathlib import Path
 
 MAX_NAME = 64
+MAX_STUDY_NAME = 128  # autotune-<workload>-<fingerprint>
 _WORKLOAD = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 _GPU = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:,-]*")
-WORKLOAD_RULE = (f"letters, digits, '_', '.' and '-', starting with a letter or digit, at most {MAX_NAME} "
-                 "characters, no '..'")
+
+
+def _rule(longest: int) -> str:
+    return f"letters, digits, '_', '.' and '-', starting with a letter or digit, at most {longest} characters, no '..'"
+
+
+WORKLOAD_RULE = _rule(MAX_NAME)
 GPU_RULE = (f"a device index or UUID: letters, digits, '_', '.', ':', ',' and '-', at most {MAX_NAME} "
             "characters, no '..'")
 
 
 class BadName(ValueError):
-    """A workload name or GPU id that could not be a file name (exit 2, like any bad input)."""
-
-
-MAX_STUDY_NAME = 128  # autotune-<workload>-<fingerprint>
+    """A workload, study or GPU name that could not be a file name (exit 2, like any bad input)."""
 
 
 def _ok(rx: re.Pattern, name, longest: int = MAX_NAME) -> bool:
@@ -41,7 +44,7 @@ def workload_problem(name) -> str | None:
 def study_name_problem(name) -> str | None:
     """Why ``name`` is no study name (it names the study's log folder); None: it is one."""
     return None if _ok(_WORKLOAD, name, MAX_STUDY_NAME) else (
-        f"{name!r} is not a study name ({WORKLOAD_RULE.replace(str(MAX_NAME), str(MAX_STUDY_NAME))})")
+        f"{name!r} is not a study name ({_rule(MAX_STUDY_NAME)})")
 
 
 def check_workload(name, where: str | None = None) -> str:
