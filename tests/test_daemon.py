@@ -194,3 +194,22 @@ def test_exporter_exits_130_on_sigint_and_0_on_sigterm(tmp_path, sig, code):
     finally:
         if p.poll() is None:
             p.kill()
+
+
+def test_daemon_exits_130_on_ctrl_c(setup):
+    """SIGTERM is the service's stop (exit 0, tested above); Ctrl-C is 130, as in every command."""
+    studies = _daemon_spec(setup, cron="0 3 1 1 *", grace=1)  # nothing to catch up
+    env = {**setup["env"], "AUTOTUNE__STUDIES_DIR": str(studies)}
+    d = subprocess.Popen([sys.executable, "-m", "autotune", "daemon", "run", "--no-metrics"], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        for line in d.stdout:
+            if "daemon up" in line:
+                break
+        d.send_signal(signal.SIGINT)
+        rest, _ = d.communicate(timeout=60)
+        assert d.returncode == 130, rest
+        assert "stopping (SIGINT)" in rest
+    finally:
+        if d.poll() is None:
+            d.kill()
