@@ -174,3 +174,42 @@ def test_exporter_serves_last_run_recommendation_and_counters(tmp_path):
     assert re.search(r'autotune_last_run_timestamp_seconds\{workload="code"\} 1\.\d+e\+09', m)
     assert 'autotune_store_up{storage="sqlite:///' in m and "no.db\"} 0.0" in m  # an unreadable one says so
     assert running
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 0)])
+def test_exporter_exits_130_on_sigint_and_0_on_sigterm(tmp_path, sig, code):
+    """The README's table: Ctrl-C is 130 in every command; SIGTERM is the service's clean stop."""
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("AUTOTUNE__")}
+    env.update(AUTOTUNE__HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT))
+    p = subprocess.Popen([sys.executable, "-m", "autotune", "exporter", "--port", "0", "--storage",
+                          f"sqlite:///{tmp_path / 'a.db'}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=env)
+    try:
+        assert "metrics on http://" in p.stdout.readline()
+        time.sleep(1)  # serving: the signal lands while it waits, as an operator's Ctrl-C does
+        p.send_signal(sig)
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == code
+        assert ("error: interrupted" in err) == (code == 130)
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
+def test_daemon_exits_130_on_ctrl_c(setup):
+    """SIGTERM is the service's stop (exit 0, tested above); Ctrl-C is 130, as in every command."""
+    studies = _daemon_spec(setup, cron="0 3 1 1 *", grace=1)  # nothing to catch up
+    env = {**setup["env"], "AUTOTUNE__STUDIES_DIR": str(studies)}
+    d = subprocess.Popen([sys.executable, "-m", "autotune", "daemon", "run", "--no-metrics"], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        for line in d.stdout:
+            if "daemon up" in line:
+                break
+        d.send_signal(signal.SIGINT)
+        rest, _ = d.communicate(timeout=60)
+        assert d.returncode == 130, rest
+        assert "stopping (SIGINT)" in rest
+    finally:
+        if d.poll() is None:
+            d.kill()

@@ -15,6 +15,8 @@ import pytest
 from autotune.core import _files
 from autotune.core._files import PRIVATE, SHARED, AtomicFile, open_append, open_new, write_json, write_text
 
+from test_preflight import setup  # noqa: F401,E402  (fixture: a spec on a fake engine)
+
 
 @pytest.fixture(params=[0o000, 0o022, 0o077])
 def umask(request):
@@ -206,3 +208,58 @@ def test_the_demo_gateway_log_holds_prompt_text_and_is_private(tmp_path, umask):
     p = _codetraffic.write_log(tmp_path / "gateway.jsonl.gz", "code", 4)
     assert _mode(p) == PRIVATE and p.stat().st_size > 0
     assert [x.name for x in tmp_path.iterdir()] == ["gateway.jsonl.gz"]  # no temp file left
+
+
+def _modes(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): _mode(p) for p in [root, *root.rglob("*")] if p.is_dir()}
+
+
+def test_every_folder_autotune_makes_has_its_mode_whatever_the_umask(tmp_path, umask):
+    """Under umask 000 the home, logs, recommendations, history and servers folders were 0777:
+    anyone on the host could plant a recommendation."""
+    from autotune.core._lock import private_lock_dir
+    from autotune.core._settings import Settings
+    from autotune.decide import _history
+    from autotune.ops._runner import storage_for
+
+    _history.write({"workload": "code", "decision": "keep", "reason": "r",
+                    "created_at": "2026-11-30T02:00:00+00:00"}, tmp_path / "a" / "recs", None)
+    assert _modes(tmp_path / "a") == {".": 0o750, "recs": 0o750, "recs/history": 0o750, "recs/history/code": 0o750}
+    _files.private_dir(tmp_path / "b" / "logs" / "study")
+    write_json(tmp_path / "c" / "gpu-0.servers" / "1.json", {}, PRIVATE)
+    storage_for(None, None, Settings(home=str(tmp_path / "d" / "home")))
+    private_lock_dir(tmp_path / "e" / "run" / "locks")
+    for top in "bcde":
+        assert set(_modes(tmp_path / top).values()) == {0o700}, (top, _modes(tmp_path / top))
+    open_append(tmp_path / "f" / "history" / "checks.jsonl", SHARED).close()
+    assert set(_modes(tmp_path / "f").values()) == {0o750}
+
+
+def test_an_existing_shared_folder_is_left_as_it_is_and_new_ones_keep_its_group_bit(tmp_path, umask):
+    recs = tmp_path / "recs"
+    recs.mkdir()
+    os.chmod(recs, 0o2770)  # an SRE group's folder: setgid, group-writable by choice
+    write_json(recs / "history" / "code" / "x.json", {}, SHARED)
+    assert _mode(recs) == 0o2770
+    assert _mode(recs / "history") == _mode(recs / "history" / "code") == 0o2750
+
+
+def test_a_study_under_umask_000_makes_no_folder_others_may_write(setup):
+    """End to end on a fake engine: home, logs, locks, database folder."""
+    import subprocess
+
+    import yaml
+
+    root = setup["dir"]
+    spec = root / "code.yaml"
+    spec.write_text(yaml.safe_dump(setup["data"], sort_keys=False))
+    env = {**setup["env"], "AUTOTUNE__LOCK_DIR": str(root / "run" / "autotune")}
+    before = set(_modes(root))
+    r = subprocess.run([sys.executable, "-m", "autotune", "study", "start", "--workload", "code", "--spec",
+                        str(spec)], capture_output=True, text=True, env=env, timeout=120,
+                       preexec_fn=lambda: os.umask(0))
+    assert r.returncode == 3, r.stderr  # the fake baseline fails, after making its folders
+    made = {k: v for k, v in _modes(root).items() if k not in before}
+    assert {"home", "home/logs", "run", "run/autotune"} <= set(made), made
+    assert all(m & 0o022 == 0 for m in made.values()), made
+    assert made["home"] == made["home/logs"] == made["run/autotune"] == 0o700, made

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import click
 
+from autotune.core._inputs import LIMITS, InputError, open_input
+from autotune.core._names import study_name_problem, workload_problem
 from autotune.core._settings import Settings
 from autotune.core._spec import SpecError, find_spec, load_spec
 from autotune.core._store import StoreError, check_url, error_line, has_password, safe_url, scrub
@@ -27,6 +29,24 @@ def fail(msg: str, code: int = EXIT_INPUT) -> None:
     sys.exit(code)
 
 
+class _Name(click.ParamType):
+    """A workload or study name from the command line: it becomes file names, so it is checked
+    first (``core._names``)."""
+
+    def __init__(self, name: str, problem):
+        self.name, self.problem = name, problem
+
+    def convert(self, value, param, ctx):
+        problem = self.problem(value)
+        if problem:
+            self.fail(problem, param, ctx)
+        return value
+
+
+WORKLOAD = _Name("workload", workload_problem)
+STUDY_NAME = _Name("study name", study_name_problem)
+
+
 def spec_for(workload: str, spec_path: str | None, settings: Settings):
     try:
         return load_spec(spec_path or find_spec(workload, settings.studies_dir))
@@ -38,9 +58,11 @@ def read_storage_file(path: str) -> str:
     """The storage URL in ``path``: its first line that is not blank or a comment; an
     ``AUTOTUNE__STORAGE=...`` line is read too, so the systemd environment file serves as is."""
     try:
-        with open(path, encoding="utf-8") as fh:
+        with open_input(path, "storage file") as fh:
             mode = os.fstat(fh.fileno()).st_mode
-            lines = fh.read().splitlines()
+            lines = fh.read(LIMITS["storage file"]).decode("utf-8").splitlines()
+    except InputError as e:
+        fail(f"--storage-file {e}")
     except (OSError, UnicodeDecodeError) as e:
         fail(f"--storage-file {path}: cannot read it ({getattr(e, 'strerror', None) or e})")
     urls = []

@@ -27,7 +27,7 @@ from autotune.cli._common import (EXIT_ENGINE, EXIT_INPUT, EXIT_INTERRUPTED, fai
                                   storage_options, study_summaries)
 from autotune.core._settings import get_settings
 from autotune.core._store import safe_url
-from autotune.cli._common import hand_edited, quiet_optuna, run_and_exit, run_storage
+from autotune.cli._common import STUDY_NAME, WORKLOAD, hand_edited, quiet_optuna, run_and_exit, run_storage
 
 
 class _Main(click.Group):
@@ -54,6 +54,8 @@ class _Main(click.Group):
             if logging.getLogger().isEnabledFor(logging.DEBUG):
                 traceback.print_exc()
             code = exit_code(e, foreseen=False)
+            if code == EXIT_INPUT and not hasattr(e, "errors"):  # an input file (InputError) names itself
+                fail(str(e), code)
             if code == EXIT_INPUT:  # AUTOTUNE__METRICS_PORT=abc
                 fail("; ".join(f"setting AUTOTUNE__{'.'.join(map(str, err['loc'])).upper()}: {err['msg']}"
                                for err in e.errors()), code)
@@ -81,10 +83,10 @@ def study() -> None:
 
 
 @study.command("start")
-@click.option("--workload", "-w", required=True, help="workload name (studies/<workload>.yaml)")
+@click.option("--workload", "-w", type=WORKLOAD, required=True, help="workload name (studies/<workload>.yaml)")
 @click.option("--spec", "spec_path", type=click.Path(dir_okay=False), help="study spec file (default: from --studies-dir)")
 @storage_options("Optuna storage URL (default: AUTOTUNE__STORAGE, the spec's, or sqlite in .autotune)")
-@click.option("--study-name", help="resume or name a study explicitly")
+@click.option("--study-name", type=STUDY_NAME, help="resume or name a study explicitly")
 @click.option("--max-trials", type=click.IntRange(min=1), help="override budget.max_trials")
 @click.option("--max-server-starts", type=click.IntRange(min=1), help="override budget.max_server_starts")
 @click.option("--pause-after-starts", type=click.IntRange(min=1), metavar="N",
@@ -143,9 +145,9 @@ def study_list(storage, as_json) -> None:
 
 
 @study.command("show")
-@click.argument("workload")
+@click.argument("workload", type=WORKLOAD)
 @storage_options("Optuna storage URL (default: AUTOTUNE__STORAGE, the spec's, or sqlite in .autotune)")
-@click.option("--study-name", help="a study other than the workload's latest")
+@click.option("--study-name", type=STUDY_NAME, help="a study other than the workload's latest")
 @click.option("--json", "as_json", is_flag=True, help="print the study and its trials as JSON on stdout")
 def study_show(workload, storage, study_name, as_json) -> None:
     """The trials of WORKLOAD's latest study, with their measurements. Exit 3 when the database
@@ -196,7 +198,7 @@ def recommend() -> None:
 
 
 @recommend.command("show")
-@click.argument("workload")
+@click.argument("workload", type=WORKLOAD)
 @click.option("--json", "as_json", is_flag=True, help="print the file as is")
 def recommend_show(workload, as_json) -> None:
     """The current recommendation for WORKLOAD (exit 2: none, or a file that is no recommendation)."""
@@ -310,7 +312,7 @@ def demo_llamacpp(home) -> None:
 
 
 @main.command("probe")
-@click.option("--workload", "-w", default="code", help="use this workload's engine settings")
+@click.option("--workload", "-w", type=WORKLOAD, default="code", help="use this workload's engine settings")
 def probe_cmd(workload) -> None:
     """What the installed engine (vLLM, llama-server) can run (methods, config fields)."""
     from autotune.engines import _registry

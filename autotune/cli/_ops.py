@@ -12,7 +12,8 @@ import sys
 
 import click
 
-from autotune.cli._common import EXIT_ENGINE, fail, print_event, read_storage_file, run_and_exit, storage_options
+from autotune.cli._common import (EXIT_ENGINE, EXIT_INTERRUPTED, STUDY_NAME, WORKLOAD, fail, print_event,
+                                  read_storage_file, run_and_exit, storage_options)
 from autotune.core._settings import get_settings
 
 
@@ -23,7 +24,7 @@ def daemon() -> None:
 
 
 @daemon.command("run")
-@click.option("--workload", "-w", "workloads", multiple=True, help="only these workloads (default: every spec "
+@click.option("--workload", "-w", "workloads", type=WORKLOAD, multiple=True, help="only these workloads (default: every spec "
               "with an enabled schedule)")
 @click.option("--now", "run_now", is_flag=True, help="also run every workload once at startup")
 @click.option("--metrics-addr", help="exporter bind address (default AUTOTUNE__METRICS_ADDR, 127.0.0.1)")
@@ -45,11 +46,11 @@ def daemon_run(workloads, run_now, metrics_addr, metrics_port, no_metrics) -> No
 
 # ---- worker -------------------------------------------------------------------------------
 @click.command("worker")
-@click.option("--workload", "-w", required=True, help="workload whose study to join (studies/<workload>.yaml)")
+@click.option("--workload", "-w", type=WORKLOAD, required=True, help="workload whose study to join (studies/<workload>.yaml)")
 @click.option("--spec", "spec_path", type=click.Path(dir_okay=False),
               help="study spec file (default: <studies-dir>/<workload>.yaml)")
 @storage_options("the shared Optuna storage (PostgreSQL URL) of the study")
-@click.option("--study-name", help="join this study (default: the one the same inputs name)")
+@click.option("--study-name", type=STUDY_NAME, help="join this study (default: the one the same inputs name)")
 @click.option("--wait", "wait_for_gpu", is_flag=True, help="wait for this host's GPU lock instead of exiting 75")
 @click.option("--quiet", "-q", is_flag=True, help="no progress bar (there is none off a terminal)")
 def worker(workload, spec_path, storage, study_name, wait_for_gpu, quiet) -> None:
@@ -73,7 +74,7 @@ def exporter(storages, storage_files, addr, port) -> None:
     import threading
 
     from autotune.cli._common import resolve_storage
-    from autotune.core._signals import graceful_stop
+    from autotune.core._signals import graceful_stop, signame_of
     from autotune.ops import _exporter
 
     settings = get_settings()
@@ -84,8 +85,9 @@ def exporter(storages, storage_files, addr, port) -> None:
     try:
         with graceful_stop():
             threading.Event().wait()
-    except KeyboardInterrupt:
-        pass
+    except KeyboardInterrupt as e:  # SIGTERM is the service's clean stop; Ctrl-C is 130, as everywhere
+        if signame_of(e) == "SIGINT":
+            fail("interrupted", EXIT_INTERRUPTED)
     finally:
         srv.shutdown()
 
@@ -195,7 +197,7 @@ def _history_for(workload: str, storage: str | None):
 
 
 @click.command("diff")
-@click.argument("workload")
+@click.argument("workload", type=WORKLOAD)
 @click.option("--from", "old_id", help="recommendation id to compare from (default: the one before the latest)")
 @click.option("--to", "new_id", help="recommendation id to compare to (default: the latest)")
 @storage_options("database URL (default: AUTOTUNE__STORAGE, the spec's, or sqlite in .autotune)")
@@ -223,7 +225,7 @@ def recommend_diff(workload, old_id, new_id, storage) -> None:
 
 
 @click.command("history")
-@click.argument("workload")
+@click.argument("workload", type=WORKLOAD)
 @storage_options("database URL (default: AUTOTUNE__STORAGE, the spec's, or sqlite in .autotune)")
 @click.option("--json", "as_json", is_flag=True, help="print the recommendations as JSON on stdout, each as written")
 def recommend_history(workload, storage, as_json) -> None:

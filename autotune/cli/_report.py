@@ -6,17 +6,18 @@ from pathlib import Path
 
 import click
 
-from autotune.cli._common import (EXIT_INPUT, fail, quiet_optuna, run_storage, spec_for, storage_options,
-                                  study_summaries)
+from autotune.cli._common import (EXIT_INPUT, STUDY_NAME, WORKLOAD, fail, quiet_optuna, run_storage, spec_for,
+                                  storage_options, study_summaries)
+from autotune.core._names import child
 
 
 @click.command("report")
-@click.argument("workload")
+@click.argument("workload", type=WORKLOAD)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False),
               help="folder for report.md, report.html and the PNGs (default: <AUTOTUNE__HOME>/reports/<workload>)")
 @click.option("--spec", "spec_path", type=click.Path(dir_okay=False), help="study spec file (default: from studies/)")
 @storage_options("Optuna storage URL (default: AUTOTUNE__STORAGE, the spec's, or sqlite in .autotune)")
-@click.option("--study-name", help="a study other than the workload's latest")
+@click.option("--study-name", type=STUDY_NAME, help="a study other than the workload's latest")
 def report(workload, out_dir, spec_path, storage, study_name) -> None:
     """Write WORKLOAD's study report: plots and the recommendation."""
     from autotune.core._settings import get_settings
@@ -43,7 +44,7 @@ def report(workload, out_dir, spec_path, storage, study_name) -> None:
             rec = None  # the recommendation of another study (other inputs): not this report's
     except (FileNotFoundError, ValueError):  # none, or not one autotune wrote: the report without it
         rec = None
-    out = Path(out_dir) if out_dir else Path(settings.home) / "reports" / workload
+    out = Path(out_dir) if out_dir else child(Path(settings.home) / "reports", workload)
     try:
         paths = build(read_study(st), out, rec, workload)
     except ReportError as e:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from autotune.cli._common import EXIT_WRITE, fail
+from autotune.cli._common import EXIT_WRITE, WORKLOAD, fail
 from autotune.core._settings import get_settings
 from autotune.core._spec import SpecError, find_spec, load_spec
 
@@ -41,7 +41,7 @@ def traffic() -> None:
 @click.option("--format", "fmt", default="auto", show_default=True,
               type=click.Choice(["auto", "openai", "bench", "mooncake"]),
               help="log format (auto: detected per line)")
-@click.option("--workload", "-w", help="tag every imported request with this workload")
+@click.option("--workload", "-w", type=WORKLOAD, help="tag every imported request with this workload")
 @click.option("--spec", "spec_path", type=click.Path(dir_okay=False),
               help="take workload rules and redaction from this spec (default: all specs in --studies-dir)")
 @click.option("--studies-dir", help="folder of study specs (default: AUTOTUNE__STUDIES_DIR or studies)")
@@ -110,7 +110,7 @@ def traffic_import(paths, fmt, workload, spec_path, studies_dir, redact, synthes
 
 
 @traffic.command("sample")
-@click.option("--workload", "-w", required=True, help="pool to sample (<home>/traffic/<workload>.jsonl)")
+@click.option("--workload", "-w", type=WORKLOAD, required=True, help="pool to sample (<home>/traffic/<workload>.jsonl)")
 @click.option("--n", "n", type=int, help="requests (default: spec traffic.sample.n, else replay warmup + 2 x requests, else 68)")
 @click.option("--since", metavar="ISO", help="window start (ISO 8601 or epoch seconds)")
 @click.option("--until", metavar="ISO", help="window end, exclusive")

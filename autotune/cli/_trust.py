@@ -13,7 +13,8 @@ import sys
 
 import click
 
-from autotune.cli._common import fail, hand_edited, load_recommendation, spec_for
+from autotune.cli._common import WORKLOAD, fail, hand_edited, load_recommendation, spec_for
+from autotune.core._inputs import read_input
 from autotune.core._settings import get_settings
 
 EXIT_OK, EXIT_FLAG, EXIT_INPUT, EXIT_UNREACHABLE = 0, 1, 2, 3
@@ -106,7 +107,7 @@ def drift() -> None:
 
 
 @drift.command("check")
-@click.argument("workload")
+@click.argument("workload", type=WORKLOAD)
 @click.option("--spec", "spec_path", type=click.Path(dir_okay=False),
               help="study spec file (default: <studies-dir>/<workload>.yaml)")
 @click.option("--replay", type=click.Path(dir_okay=False), help="current traffic (default: the spec's replay.path)")
@@ -149,7 +150,7 @@ def _current(spec) -> dict:
 
 
 @click.command("mark-deployed")
-@click.argument("workload")
+@click.argument("workload", type=WORKLOAD)
 @click.option("--spec", "spec_path", type=click.Path(dir_okay=False),
               help="study spec file (default: <studies-dir>/<workload>.yaml)")
 @click.option("--note", help="free text kept with the mark (change ticket, canary host)")
@@ -167,7 +168,7 @@ def recommend_mark_deployed(workload, spec_path, note) -> None:
 
 
 @click.command("check")
-@click.argument("workload")
+@click.argument("workload", type=WORKLOAD)
 @click.option("--spec", "spec_path", type=click.Path(dir_okay=False),
               help="study spec file (default: <studies-dir>/<workload>.yaml)")
 @click.option("--telemetry", "telemetry_path", required=True, type=click.Path(dir_okay=False),
@@ -181,7 +182,7 @@ def recommend_check(workload, spec_path, telemetry_path, as_json) -> None:
     rec = _current(spec)
     tel = _load_telemetry(telemetry_path)
     try:
-        mark = json.loads(_drift.deployed_path(_rec_dir(spec), workload).read_text())
+        mark = json.loads(read_input(_drift.deployed_path(_rec_dir(spec), workload), "deploy mark"))
     except (OSError, ValueError):
         mark = None
     with hand_edited(_rec_dir(spec), workload):

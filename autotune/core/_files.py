@@ -9,12 +9,14 @@ Three permission classes:
 - ``PRIVATE`` (0600, folders 0700): anything that may hold prompt text or credentials: traffic
   pools and manifests, replay sets, vLLM server logs, the SQLite database, server pidfiles,
   caches.
-- ``SHARED`` (0640): what SREs read: the recommendation file, its history copies, deploy marks,
+- ``SHARED`` (0640, folders 0750): what SREs read: the recommendation file, its history copies, deploy marks,
   checks, telemetry bundles. Readable by the file's group (give the recommendations folder the
   SRE group and the setgid bit, ``chgrp sre recommendations && chmod 2750 recommendations``, and
   new files inherit it), never by everyone.
-- ``PUBLIC`` (0644): built artefacts with nothing private in them (the demo models, their
+- ``PUBLIC`` (0644, folders 0755): built artefacts with nothing private in them (the demo models, their
   checksums), which another user's engine may need to read.
+
+Every folder is made by ``make_dirs``, with its mode whatever the umask.
 
 Files another library writes (a GGUF writer, ``save_pretrained``) are written to a temp path and
 made current with ``commit_file`` / ``commit_dir``: the same fsync, rename and permissions.
@@ -27,6 +29,7 @@ import errno
 import json
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import IO, Any, Callable
@@ -36,14 +39,43 @@ SHARED = 0o640
 PRIVATE_DIR = 0o700
 PUBLIC = 0o644
 PUBLIC_DIR = 0o755
+SHARED_DIR = 0o750
+
+
+def dir_mode(mode: int) -> int:
+    """The folder mode of a file mode: who may read a file may list its folder (0600 -> 0700,
+    0640 -> 0750, 0644 -> 0755)."""
+    return mode | ((mode & 0o444) >> 2)
+
+
+def make_dirs(d: str | Path, mode: int = PRIVATE_DIR) -> Path:
+    """Create ``d`` and its missing parents, each with exactly ``mode`` whatever the umask (under
+    umask 000 ``mkdir -p`` makes them 0777: anyone could plant a recommendation). Folders that
+    exist are left as they are (a shared, setgid recommendations folder stays so); a new folder
+    keeps the setgid bit it inherits, so its files keep the folder's group."""
+    d = Path(d)
+    missing = []
+    p = d
+    while not os.path.lexists(p) and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    for p in reversed(missing):
+        try:
+            os.mkdir(p, mode)  # never looser than ``mode`` (the umask only takes bits away)
+        except FileExistsError:
+            continue  # made meanwhile by another process: theirs to set
+        os.chmod(p, mode | (os.stat(p).st_mode & stat.S_ISGID))
+    if not d.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "not a folder", str(d))
+    return d
 
 
 def private_dir(d: str | Path) -> Path:
-    """Create ``d`` (and parents) and make it 0700 (when we own it)."""
-    d = Path(d)
-    d.mkdir(parents=True, exist_ok=True)
+    """Create ``d`` (and parents) 0700, and tighten ``d`` to 0700 when it exists looser (and is ours)."""
+    d = make_dirs(d, PRIVATE_DIR)
     with contextlib.suppress(OSError):
-        os.chmod(d, PRIVATE_DIR)
+        if os.stat(d).st_mode & 0o077:
+            os.chmod(d, PRIVATE_DIR)
     return d
 
 
@@ -74,7 +106,7 @@ class AtomicFile:
     def __init__(self, path: str | Path, mode: int, text: bool = True):
         self.path = Path(path)
         self.mode = mode
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.path.parent, dir_mode(mode))
         fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
         self.tmp = Path(tmp)
         try:
@@ -152,7 +184,7 @@ def temp_path(path: str | Path) -> Path:
         shutil.rmtree(tmp)
     else:
         tmp.unlink(missing_ok=True)
-    tmp.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(tmp.parent, PUBLIC_DIR)
     return tmp
 
 
@@ -208,7 +240,7 @@ def open_append(path: str | Path, mode: int = PRIVATE, binary: bool = False) -> 
     """Open for appending (a log, a JSONL of checks), creating it with ``mode``; an existing
     file with looser permissions is tightened to ``mode`` first."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(path.parent, dir_mode(mode))
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, mode)
     try:
         if os.fstat(fd).st_mode & 0o777 & ~mode:
@@ -223,7 +255,7 @@ def open_new(path: str | Path, mode: int = PRIVATE) -> IO:
     """Open for writing from scratch (binary), created or truncated with ``mode`` permissions
     even when the file existed with looser ones (a vLLM server log, reopened per start)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(path.parent, dir_mode(mode))
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
     try:
         os.fchmod(fd, mode)

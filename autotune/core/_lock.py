@@ -27,6 +27,8 @@ import stat
 import time
 from pathlib import Path
 
+from autotune.core._files import PRIVATE_DIR, make_dirs
+from autotune.core._names import check_gpu, check_workload, child
 from autotune.core._schedule import iso
 
 EX_TEMPFAIL = 75
@@ -51,7 +53,7 @@ def private_lock_dir(d: str | Path) -> Path:
     closed to group and others (tightened when it is ours and merely loose)."""
     d = Path(d)
     try:
-        d.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(d.parent, PRIVATE_DIR)
         with _umask(0o077):
             d.mkdir(mode=0o700, exist_ok=True)
         st = os.lstat(d)
@@ -93,7 +95,7 @@ def open_lock_file(path: str | Path, private: bool = True) -> int:
     if private:
         private_lock_dir(path.parent)
     else:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(path.parent, PRIVATE_DIR)
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
     except OSError as e:
@@ -190,19 +192,19 @@ class FileLock:
 
 
 def gpu_lock_path(lock_dir: str | Path, gpu: str) -> Path:
-    return Path(lock_dir) / f"gpu-{gpu}.lock"
+    return child(lock_dir, f"gpu-{check_gpu(gpu)}.lock")
 
 
 def lead_lock_path(lock_dir: str | Path, workload: str) -> Path:
     """Held by the run that leads a workload's study (confirms, decides, writes the recommendation):
     on two GPUs, the second `study start` of one workload exits 75 instead of leading it too."""
-    return Path(lock_dir) / f"lead-{workload}.lock"
+    return child(lock_dir, f"lead-{check_workload(workload)}.lock")
 
 
 def daemon_lock_path(lock_dir: str | Path, gpu: str) -> Path:
-    return Path(lock_dir) / f"daemon-gpu-{gpu}.lock"
+    return child(lock_dir, f"daemon-gpu-{check_gpu(gpu)}.lock")
 
 
 def servers_dir(lock_dir: str | Path, gpu: str) -> Path:
     """Pidfiles of the vLLM servers started under this GPU's lock (see ``_recovery``)."""
-    return Path(lock_dir) / f"gpu-{gpu}.servers"
+    return child(lock_dir, f"gpu-{check_gpu(gpu)}.servers")

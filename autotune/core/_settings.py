@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import shlex
 
+from pydantic import field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from autotune.core._lock import default_lock_dir
+from autotune.core._names import check_gpu
 
 
 class Settings(BaseSettings):
@@ -43,6 +45,11 @@ class Settings(BaseSettings):
     metrics_addr: str = "127.0.0.1"
     """Prometheus exporter bind address (daemon, `autotune exporter`)."""
     metrics_port: int = 9464
+
+    @field_validator("gpu")
+    @classmethod
+    def _gpu_id(cls, v: str) -> str:  # it names the lock files: no '/', no '..'
+        return check_gpu(v)
 
     def lock_path(self):
         from pathlib import Path

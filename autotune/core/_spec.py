@@ -15,7 +15,9 @@ from typing import Any, Literal
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer,
                       model_validator)
 
+from autotune.core._inputs import InputError, read_input
 from autotune.core._measure import STATISTICS
+from autotune.core._names import workload_problem
 from autotune.core._schedule import parse_cron
 
 TUNED_METHODS = ("ngram", "ngram_gpu", "suffix", "draft_model", "eagle3", "eagle", "mtp",
@@ -413,12 +415,22 @@ class EngineSpec(_Model):
         return self
 
 
+def _workload_name(v: str) -> str:
+    """A spec's workload names files (its recommendation, pool, lock): no '/', no '..'."""
+    problem = workload_problem(v)
+    if problem:
+        raise ValueError(problem)
+    return v
+
+
 class TrafficRule(_Model):
     """Tags imported traffic with ``workload`` when every condition given matches (first rule wins)."""
     workload: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="the workload matching requests join")
     model: str | None = Field(default=None, description="regex searched in the logged model name")
     regex: str | None = Field(default=None, description="regex searched in the prompt text")
     keywords: list[str] = Field(default=[], description="any of these words in the prompt text (case-insensitive)")
+
+    _workload_name = field_validator("workload")(_workload_name)
 
     @field_validator("model", "regex")
     @classmethod
@@ -589,6 +601,8 @@ class StudySpec(_Model):
                                             "acceptance); marks every output made with them")
     source: str = Field(default="", exclude=True)
 
+    _workload_name = field_validator("workload")(_workload_name)
+
     @field_validator("benchmark")
     @classmethod
     def _benchmark_covers_k(cls, v, info):
@@ -718,9 +732,11 @@ def _read_yaml(path: Path):
     import yaml
 
     try:
-        raw = path.read_bytes()
+        raw = read_input(path, "study spec")
     except OSError as e:
         raise SpecError(f"{path}: cannot read study spec ({e.strerror})") from None
+    except InputError as e:
+        raise SpecError(str(e)) from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -809,6 +825,8 @@ def _storage_url(url: str, base: Path) -> str:
 
 def find_spec(workload: str, studies_dir: str | Path) -> Path:
     d = Path(studies_dir)
+    if workload_problem(workload):  # never a spec outside the studies folder
+        raise SpecError(f"no study spec for workload {workload!r}: {workload_problem(workload)}")
     for ext in (".yaml", ".yml"):
         p = d / f"{workload}{ext}"
         if p.exists():

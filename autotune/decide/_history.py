@@ -25,6 +25,8 @@ import json
 import uuid
 from pathlib import Path
 
+from autotune.core._inputs import read_input
+from autotune.core._names import check_workload, child
 from autotune.core._schedule import iso, parse_iso
 from autotune.decide._decision import fmt_config  # noqa: F401 (callers read it here too)
 from autotune.decide._payload import load, recommendation_path, write_atomic
@@ -39,7 +41,7 @@ def new_rec_id() -> str:
 
 
 def history_dir(recommendations_dir: str | Path, workload: str) -> Path:
-    return Path(recommendations_dir) / "history" / workload
+    return child(Path(recommendations_dir) / "history", check_workload(workload))
 
 
 # ---- drift ----------------------------------------------------------------------------------
@@ -88,7 +90,7 @@ def history(workload: str, recommendations_dir: str | Path, store=None) -> list[
     out = []
     for p in files:
         try:
-            rec = json.loads(p.read_text())
+            rec = json.loads(read_input(p, "recommendation"))
         except (OSError, ValueError, RecursionError):
             continue
         if isinstance(rec, dict):  # a copy edited into something else is no recommendation

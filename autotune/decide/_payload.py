@@ -12,6 +12,8 @@ import math
 from pathlib import Path
 
 from autotune.core._files import SHARED, write_json
+from autotune.core._inputs import read_input
+from autotune.core._names import check_workload, child
 from autotune.core._store import safe_url
 from autotune.decide._decision import Decision, replay_provenance
 from autotune.engines import _registry
@@ -202,7 +204,7 @@ def write_atomic(path: str | Path, payload: dict, before_replace=None) -> Path:
 
 
 def recommendation_path(recommendations_dir: str | Path, workload: str) -> Path:
-    return Path(recommendations_dir) / f"{workload}.json"
+    return child(recommendations_dir, f"{check_workload(workload)}.json")
 
 
 _FIELDS = {"workload": str, "decision": str, "reason": str, "evidence": dict, "study": dict, "created_at": str,
@@ -215,7 +217,7 @@ def load(recommendations_dir: str | Path, workload: str) -> dict:
     field or changed its type): readers then say so instead of failing on a missing key."""
     p = recommendation_path(recommendations_dir, workload)
     try:
-        rec = json.loads(p.read_bytes().decode("utf-8"))
+        rec = json.loads(read_input(p, "recommendation").decode("utf-8"))
     except FileNotFoundError:
         raise FileNotFoundError(f"no recommendation for workload {workload!r} at {p}") from None
     except json.JSONDecodeError as e:
@@ -224,6 +226,8 @@ def load(recommendations_dir: str | Path, workload: str) -> dict:
     except (UnicodeDecodeError, RecursionError) as e:
         raise ValueError(f"{p}: not a recommendation file ({type(e).__name__})") from None
     problem = shape_problem(rec)
+    if not problem and rec.get("workload", workload) != workload:  # it would steer a deploy mark elsewhere
+        problem = f"field 'workload' is {rec.get('workload')!r}, but the file is {workload}'s"
     if problem:
         raise ValueError(f"{p}: not a recommendation autotune wrote ({problem}); its history copies are in "
                          f"{Path(recommendations_dir) / 'history' / workload}")

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from autotune.core._files import PRIVATE, write_json
+from autotune.core._inputs import read_input
 
 _SNIPPET = r"""
 import dataclasses, importlib.util, json, typing, warnings
@@ -173,7 +174,7 @@ def probe(python: str, env: dict[str, str] | None = None, cache_dir: str | Path 
             cache = Path(cache_dir) / f"probe-{key}.json"
             if cache.exists():
                 try:
-                    return Capabilities(**json.loads(cache.read_text()))
+                    return Capabilities(**json.loads(read_input(cache, "state file")))
                 except (OSError, ValueError, TypeError):
                     pass  # unreadable or from another version of autotune: probe again
     try:

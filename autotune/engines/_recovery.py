@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from autotune.core._files import PRIVATE, write_json
+from autotune.core._inputs import read_input
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +106,7 @@ def reap_orphans(pid_dir: Path) -> list[dict]:
         return reaped
     for p in sorted(pid_dir.glob("*.json")):
         try:
-            info = json.loads(p.read_text())
+            info = json.loads(read_input(p, "state file"))
         except (OSError, ValueError):
             p.unlink(missing_ok=True)
             continue

@@ -228,7 +228,7 @@ class Daemon:
             if self.exporter is not None:
                 self.exporter.shutdown()
             lock.release()
-        return 0
+        return EXIT_INTERRUPTED if self.state.signame == "SIGINT" else 0  # SIGTERM: the service's stop
 
     def no_retune_needed(self, w: str) -> bool:
         """With ``drift.skip_unless_drift``: fresh traffic, then `autotune drift check` (no GPU);

@@ -14,7 +14,9 @@ from pydantic import ValidationError
 
 from autotune.core._exit import (EXIT_BUSY, EXIT_ENGINE, EXIT_FIDELITY, EXIT_INPUT, EXIT_INTERRUPTED,
                                  EXIT_SOFTWARE, EXIT_WRITE)
+from autotune.core._inputs import InputError
 from autotune.core._lock import LockDirError, LockHeld
+from autotune.core._names import BadName
 from autotune.core._store import StoreError
 from autotune.engines._probe import ProbeError
 from autotune.search._trial import TrialFailed
@@ -46,6 +48,8 @@ def exit_code(exc: BaseException, foreseen: bool = True) -> int:
                 return code
     if isinstance(exc, KeyboardInterrupt):
         return EXIT_INTERRUPTED
+    if isinstance(exc, (InputError, BadName)):  # a FIFO, a huge file, a name with a '/' in it
+        return EXIT_INPUT
     if isinstance(exc, ValidationError) and exc.title == "Settings":  # AUTOTUNE__METRICS_PORT=abc
         return EXIT_INPUT
     if isinstance(exc, ImportError):  # an optional dependency the command needs is not installed

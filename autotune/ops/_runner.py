@@ -50,6 +50,7 @@ from typing import Callable
 
 from pydantic import ValidationError
 
+from autotune.core._files import PRIVATE_DIR, make_dirs
 from autotune.core._exit import EXIT_INTERRUPTED, EXIT_OK
 from autotune.core._lock import (FileLock, LockDirError, LockHeld, gpu_lock_path, lead_lock_path,
                                  servers_dir)
@@ -120,7 +121,7 @@ def storage_for(spec, cli_storage: str | None, settings: Settings) -> str:
     if url.startswith("sqlite:///") and ":memory:" not in url:
         folder = Path(url.removeprefix("sqlite:///").split("?", 1)[0]).parent
         try:
-            folder.mkdir(parents=True, exist_ok=True)
+            make_dirs(folder, PRIVATE_DIR)
         except OSError as e:
             raise StoreError(f"storage {safe_url(url)}: cannot create {folder} ({e.strerror})") from None
     return url

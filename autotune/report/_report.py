@@ -17,7 +17,7 @@ import json
 import math
 from pathlib import Path
 
-from autotune.core._files import SHARED, write_text
+from autotune.core._files import SHARED, SHARED_DIR, make_dirs, write_text
 from autotune.search import _bands, _observations
 from autotune.search._record import StudyRecord
 from autotune.search._space import canonical, label
@@ -283,7 +283,7 @@ def build(study: StudyRecord, out_dir: str | Path, recommendation: dict | None =
     into ``out_dir``; returns their paths."""
     plt = _plt()
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    make_dirs(out, SHARED_DIR)
     study_name, trials = study.name, list(study.all_trials)
     predictor = study.predictor
     winner = (recommendation or {}).get("speculative_config")

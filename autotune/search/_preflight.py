@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from autotune.core._inputs import read_input
 from autotune.core._spec import SpecError, StudySpec, _line_of
 from autotune.engines._probe import Capabilities
 from autotune.search._space import SearchSpace
@@ -44,7 +45,7 @@ class _Where:
 
         self.path = spec.source or "(spec)"
         try:
-            text = Path(spec.source).read_text()
+            text = read_input(spec.source, "study spec").decode("utf-8")
             self.data, self.root = yaml.safe_load(text) or {}, yaml.compose(text)
         except Exception:
             self.data, self.root = {}, None

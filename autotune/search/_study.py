@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Callable
 
 from autotune.core._measure import pooled_start_noise
+from autotune.core._names import child
 from autotune.core._signals import signame_of
 from autotune.core._spec import StudySpec
 from autotune.engines._hardware import identity
@@ -468,7 +469,7 @@ class Study:
             raise optuna.TrialPruned(self.budget.paused_for)
         self._claim(trial, claim_key, role)
         reqs = self.confirm_reqs if role == ROLE_CONFIRM else self.search_reqs
-        log_path = self.home / "logs" / self.name / f"trial-{trial.number:04d}.log"
+        log_path = child(self.home / "logs", self.name) / f"trial-{trial.number:04d}.log"
         trial.set_user_attr("log_path", str(log_path))
         trial.set_user_attr("vllm_version", self.caps.version)
         trial.set_user_attr("hardware", self.hardware)

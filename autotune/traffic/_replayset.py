@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from autotune.core._files import PRIVATE, write_text
+from autotune.core._inputs import InputError, read_input
 
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
@@ -114,9 +115,11 @@ def load(path: str | Path) -> ReplaySet:
     cut); ReplaySetError names file and line of the first problem."""
     path = Path(path)
     try:
-        raw = path.read_bytes()
+        raw = read_input(path, "replay set")
     except OSError as e:
         raise ReplaySetError(f"{path}: cannot read replay set ({e.strerror})") from None
+    except InputError as e:
+        raise ReplaySetError(str(e)) from None
     reqs = []
     for i, line in enumerate(raw.split(b"\n"), 1):
         if not line.strip():

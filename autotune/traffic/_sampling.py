@@ -46,6 +46,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from autotune.core._inputs import input_lines, read_input
 from autotune.traffic import _replayset
 from autotune.traffic._traffic import (
     Redactor,
@@ -120,21 +121,20 @@ class PoolRow:
 
 def read_pool(path: Path) -> tuple[list[PoolRow], int]:
     rows, bad = [], 0
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        for line in fh:
-            if not line.strip():
-                continue
-            try:
-                o = json.loads(line)
-                if o["endpoint"] not in _replayset.ENDPOINTS or not isinstance(o["body"], dict):
-                    raise ValueError
-                ts = o.get("ts")
-                rows.append(PoolRow(id=str(o["id"]), endpoint=o["endpoint"], body=o["body"], tag=o.get("tag"),
-                                    ts=float(ts) if isinstance(ts, (int, float)) else None, src=o.get("src"),
-                                    prompt_tokens=o.get("prompt_tokens") if isinstance(o.get("prompt_tokens"), int) else None,
-                                    synthetic=o.get("synthetic") if isinstance(o.get("synthetic"), dict) else None))
-            except (ValueError, KeyError, TypeError, RecursionError):
-                bad += 1
+    for _, raw in input_lines(path, "traffic pool"):
+        if not raw.strip():
+            continue
+        try:
+            o = json.loads(raw.decode("utf-8", errors="replace"))
+            if o["endpoint"] not in _replayset.ENDPOINTS or not isinstance(o["body"], dict):
+                raise ValueError
+            ts = o.get("ts")
+            rows.append(PoolRow(id=str(o["id"]), endpoint=o["endpoint"], body=o["body"], tag=o.get("tag"),
+                                ts=float(ts) if isinstance(ts, (int, float)) else None, src=o.get("src"),
+                                prompt_tokens=o.get("prompt_tokens") if isinstance(o.get("prompt_tokens"), int) else None,
+                                synthetic=o.get("synthetic") if isinstance(o.get("synthetic"), dict) else None))
+        except (ValueError, KeyError, TypeError, RecursionError):
+            bad += 1
     return rows, bad
 
 
@@ -168,7 +168,7 @@ def max_model_len_of(spec) -> tuple[int | None, str]:
     cfg = Path(spec.model) / "config.json"
     if cfg.is_file():
         with contextlib.suppress(OSError, ValueError):
-            n = json.loads(cfg.read_text()).get("max_position_embeddings")
+            n = json.loads(read_input(cfg, "model config")).get("max_position_embeddings")
             if isinstance(n, int) and n > 0:
                 return n, f"{cfg} max_position_embeddings"
     return None, "unknown (not in serve_args, no local config.json)"
@@ -474,7 +474,7 @@ def read_manifest(replay_path: str | Path) -> dict | None:
     A study can read ``acceptance_measurable`` from it."""
     p = manifest_path(replay_path)
     try:
-        return json.loads(p.read_text())
+        return json.loads(read_input(p, "manifest"))
     except (OSError, ValueError):
         return None
 
@@ -560,6 +560,6 @@ def sample_workload(home: str | Path, workload: str, *, spec=None, out: str | Pa
 
 def _read_json(p: Path) -> dict | None:
     try:
-        return json.loads(p.read_text())
+        return json.loads(read_input(p, "manifest"))
     except (OSError, ValueError):
         return None

@@ -65,7 +65,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from autotune.core._files import PRIVATE, AtomicFile, private_dir, write_json
+from autotune.core._inputs import input_lines, open_input, read_input, read_lines
 from autotune.core._lock import open_lock_file
+from autotune.core._names import check_workload, child
 from autotune.traffic._workloads import Classifier, explicit_tag, prompt_text
 
 log = logging.getLogger("autotune.traffic")
@@ -423,7 +425,7 @@ def expand_paths(patterns: Iterable[str]) -> tuple[list[Path], list[str]]:
         p = Path(os.path.expanduser(pat))
         if p.is_dir():
             found = sorted(x for x in p.iterdir() if x.is_file() and not x.name.startswith("."))
-        elif p.is_file():
+        elif p.is_file() or p.exists():  # a FIFO or a device named as such: refused when opened
             found = [p]
         elif _glob.has_magic(pat):
             found = sorted(Path(x) for x in _glob.glob(os.path.expanduser(pat), recursive=True) if os.path.isfile(x))
@@ -440,7 +442,7 @@ def expand_paths(patterns: Iterable[str]) -> tuple[list[Path], list[str]]:
 
 
 def _open(path: Path):
-    fh = open(path, "rb")
+    fh = open_input(path, "traffic log")
     magic = fh.read(2)
     fh.seek(0)
     if magic == b"\x1f\x8b":
@@ -450,12 +452,14 @@ def _open(path: Path):
 
 def iter_lines(path: Path) -> Iterator[tuple[int, str | None, str | None]]:
     """``(line number, text, error)`` for every non-blank line; a truncated or corrupt gzip stream
-    ends the file with one error line instead of failing the import."""
+    ends the file with one error line instead of failing the import. A file that is no regular
+    file, or a line longer than ``LINE_LIMIT`` decompressed, is an InputError (exit 2): read in
+    bounded chunks, so a compression bomb costs at most one line's cap of memory."""
     i = 0
     try:
         with _open(path) as fh:
             try:
-                for i, raw in enumerate(fh, 1):
+                for i, raw in read_lines(fh, path):
                     if not raw.strip():
                         continue
                     try:
@@ -528,7 +532,7 @@ def traffic_dir(home: str | Path) -> Path:
 
 
 def pool_path(home: str | Path, workload: str) -> Path:
-    return traffic_dir(home) / f"{workload}.jsonl"
+    return child(traffic_dir(home), f"{check_workload(workload)}.jsonl")
 
 
 def meta_path(pool: Path) -> Path:
@@ -572,6 +576,7 @@ class _PoolWriter:
 
     def __init__(self, home: Path, replace: bool):
         self.dir = ensure_private_dir(traffic_dir(home))
+        self.home = home
         self.replace = replace
         self.open: dict[str, tuple[Any, set[str], Path]] = {}
         self.existing: Counter = Counter()
@@ -580,13 +585,14 @@ class _PoolWriter:
 
     def _get(self, workload: str):
         if workload not in self.open:
-            pool = self.dir / f"{workload}.jsonl"
+            pool = pool_path(self.home, workload)
             tmp = AtomicFile(pool, PRIVATE)
             fh = tmp.fh
             ids: set[str] = set()
-            if pool.exists() and not self.replace:
-                with open(pool, encoding="utf-8", errors="replace") as old:
-                    for line in old:
+            try:
+                if pool.exists() and not self.replace:
+                    for _, raw in input_lines(pool, "traffic pool"):
+                        line = raw.decode("utf-8", errors="replace")
                         if not line.strip():
                             continue
                         fh.write(line if line.endswith("\n") else line + "\n")
@@ -595,6 +601,9 @@ class _PoolWriter:
                             ids.add(obj["id"])
                             self.synthetic[workload] += bool(obj.get("synthetic"))
                         self.existing[workload] += 1
+            except BaseException:  # an unreadable pool: no temp file left behind
+                tmp.abort()
+                raise
             self.open[workload] = (fh, ids, tmp)
         return self.open[workload]
 
@@ -618,7 +627,7 @@ class _PoolWriter:
             meta: dict = {}
             if mp.exists() and not self.replace:
                 with contextlib.suppress(OSError, json.JSONDecodeError):
-                    meta = json.loads(mp.read_text())
+                    meta = json.loads(read_input(mp, "manifest"))
             srcs = meta.get("sources", {}) if isinstance(meta.get("sources"), dict) else {}
             for path, info in sources.items():
                 if info["workloads"].get(workload):

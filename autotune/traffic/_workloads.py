@@ -20,6 +20,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+from autotune.core._names import MAX_NAME
+
 # Dotted paths, looked up in the log record, then in the request body.
 TAG_FIELDS = ("workload", "tag", "metadata.workload", "metadata.tag", "metadata.workload_tag",
               "metadata.tags.workload", "labels.workload", "request.metadata.workload",
@@ -62,9 +64,9 @@ _DROP_SYMBOLS = str.maketrans("", "", _SYMBOLS)
 
 
 def slug(tag: str) -> str | None:
-    """A workload name usable as a file name, or None when nothing is left."""
-    s = re.sub(r"[^A-Za-z0-9_.-]+", "-", tag.strip()).strip("-.")
-    return s or None
+    """A workload name usable as a file name (``core._names``), or None when nothing is left."""
+    s = re.sub(r"\.{2,}", ".", re.sub(r"[^A-Za-z0-9_.-]+", "-", tag.strip())).strip("-._")
+    return s[:MAX_NAME].rstrip("-._") or None
 
 
 def _get(obj: Any, dotted: str) -> Any:

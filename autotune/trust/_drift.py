@@ -40,6 +40,7 @@ from pathlib import Path
 
 from autotune.core import _measure
 from autotune.core._files import SHARED, open_append, write_json
+from autotune.core._names import check_workload, child
 from autotune.search._space import NONE, canonical
 from autotune.search._trial import spec_counters
 from autotune.trust import _gate, _telemetry
@@ -286,11 +287,11 @@ def _n(v, fmt: str = ".0f") -> str:
 
 # ---- realized vs predicted ----------------------------------------------------------------------
 def deployed_path(recommendations_dir: str | Path, workload: str) -> Path:
-    return Path(recommendations_dir) / f"{workload}.deployed.json"
+    return child(recommendations_dir, f"{check_workload(workload)}.deployed.json")
 
 
 def checks_path(recommendations_dir: str | Path, workload: str) -> Path:
-    return Path(recommendations_dir) / "history" / workload / "checks.jsonl"
+    return child(child(Path(recommendations_dir) / "history", check_workload(workload)), "checks.jsonl")
 
 
 def mark_deployed(recommendations_dir: str | Path, rec: dict, note: str | None = None) -> dict:

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autotune.core._files import SHARED, write_json
+from autotune.core._inputs import InputError, read_text
 from autotune.engines import _metrics
 
 SCHEMA = "autotune.telemetry/1"
@@ -327,13 +328,14 @@ def save(path: str | Path, b: dict) -> Path:
 
 def _read_text(p: Path) -> str:
     try:
-        return p.read_bytes().decode("utf-8")
+        return read_text(p, "telemetry file")
     except OSError as e:
         raise TelemetryError(f"{p}: cannot read ({e.strerror})") from None
-    except UnicodeDecodeError as e:
-        line = p.read_bytes()[:e.start].count(b"\n") + 1
-        raise TelemetryError(f"{p}:{line}: not UTF-8 text: neither a telemetry bundle nor a /metrics "
-                             "exposition") from None
+    except InputError as e:
+        if e.line is not None:  # not UTF-8
+            raise TelemetryError(f"{p}:{e.line}: not UTF-8 text: neither a telemetry bundle nor a /metrics "
+                                 "exposition") from None
+        raise TelemetryError(str(e)) from None
 
 
 def load(path: str | Path, after: str | Path | None = None, window_s: float | None = None) -> dict:
