@@ -101,6 +101,19 @@ def test_sample_bad_input_exits_2(env):
     assert r.exit_code == 2 and "invalid --redact regex" in r.output
 
 
+@pytest.mark.parametrize("n", ["0", "-2"])
+def test_sample_of_no_requests_is_refused_and_leaves_the_replay_set(env, n):
+    """``--n 0`` used to mean "the spec's default" and rewrote the replay set."""
+    assert _run("traffic", "import", write_jsonl(env / "a.jsonl", chat_rows(30))).exit_code == 0
+    assert _run("traffic", "sample", "--workload", "code", "--n", 10).exit_code == 0
+    replay = env / "replay" / "code.jsonl"
+    before = (replay.read_bytes(), (env / "replay" / "code.jsonl.manifest.json").read_bytes())
+    r = CliRunner().invoke(main, ["traffic", "sample", "--workload", "code", "--n", n, "--seed", "5"])
+    assert (r.exit_code, type(r.exception)) == (2, SystemExit), r.output
+    assert "Invalid value for '--n'" in r.output
+    assert (replay.read_bytes(), (env / "replay" / "code.jsonl.manifest.json").read_bytes()) == before
+
+
 # ---- write faults: exit 4, the pools as they were --------------------------------------------
 def _traffic_files(home: Path) -> dict[str, bytes]:
     d = home / "traffic"

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from autotune.core._exit import (EXIT_BUSY, EXIT_ENGINE, EXIT_FIDELITY, EXIT_INPUT, EXIT_INTERRUPTED,
                                  EXIT_SOFTWARE, EXIT_WRITE)
 from autotune.core._lock import LockDirError, LockHeld
+from autotune.core._settings import SettingsError
 from autotune.core._store import StoreError
 from autotune.engines._probe import ProbeError
 from autotune.search._trial import TrialFailed
@@ -47,6 +48,8 @@ def exit_code(exc: BaseException, foreseen: bool = True) -> int:
     if isinstance(exc, KeyboardInterrupt):
         return EXIT_INTERRUPTED
     if isinstance(exc, ValidationError) and exc.title == "Settings":  # AUTOTUNE__METRICS_PORT=abc
+        return EXIT_INPUT
+    if isinstance(exc, SettingsError):  # AUTOTUNE__METRICS_ADDR that does not resolve
         return EXIT_INPUT
     if isinstance(exc, ImportError):  # an optional dependency the command needs is not installed
         return EXIT_ENGINE
