@@ -324,6 +324,26 @@ def test_telemetry_scrape_with_a_zero_window_exits_2_naming_it(env, window):
     assert f"error: --window: {window!r} is not above zero" in r.output
 
 
+@pytest.mark.parametrize("command,code,message", [
+    (["drift", "check", "code"], 2, "{path}: a folder, not a recommendation file; move it away"),
+    (["recommend", "show", "code"], 2, "{path}: a folder, not a recommendation file; move it away"),
+    (["study", "start", "--workload", "code", "--if-stale", "20h"], 4,
+     "cannot write {path}: a folder, not a recommendation file; move it away; nothing was started"),
+    (["study", "start", "--workload", "code"], 4,
+     "cannot write {path}: a folder, not a recommendation file; move it away; nothing was started"),
+])
+def test_a_folder_where_the_recommendation_goes_is_named(env, tmp_path, command, code, message):
+    """Exit 70 (IsADirectoryError) before in `drift check` and `--if-stale`; `study start` found it
+    only after the whole study."""
+    path = Path(env["AUTOTUNE__RECOMMENDATIONS_DIR"]) / "code.json"
+    path.mkdir()
+    r = CliRunner().invoke(main, command)
+    assert (r.exit_code, type(r.exception)) == (code, SystemExit), r.output
+    assert f"error: {message.format(path=path)}" in r.output
+    assert path.is_dir() and list(path.iterdir()) == []
+    assert not (tmp_path / "home" / "servers").exists() and not (tmp_path / "home" / "logs").exists()
+
+
 def test_the_postgres_extra_carries_the_driver_of_the_deploy_url():
     import re
     import tomllib

@@ -352,6 +352,11 @@ class Store:
         _exec(conn, f"INSERT INTO autotune_recommendations ({', '.join(cols)}) "
                     f"VALUES ({', '.join(':' + c for c in cols)})", **{c: row.get(c) for c in cols})
 
+    def remove_recommendation(self, rec_id: str) -> None:
+        """Undo a committed row whose file could not be made current (the rename after the commit
+        failed): the table never lists a recommendation that was not written."""
+        self._write("DELETE FROM autotune_recommendations WHERE rec_id = :rec_id", rec_id=rec_id)
+
     # ---- reads --------------------------------------------------------------------------
     def query(self, sql: str, **params) -> list[dict]:
         with self.engine.connect() as c:

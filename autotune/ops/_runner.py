@@ -283,6 +283,8 @@ def execute(req: RunRequest, settings: Settings | None = None, echo: Echo | None
     result = RunResult(workload=req.workload)
     try:
         spec = check_request(req, settings)
+        if not req.worker:
+            check_recommendation_path(spec, settings)
         if req.if_stale_s is not None and (fresh := freshness(req, spec, settings)):
             result.outcome = "fresh"
             result.say(fresh)
@@ -353,6 +355,16 @@ def freshness(req: RunRequest, spec, settings: Settings) -> str | None:
         return (f"{spec.workload}: fresh (last successful run finished {last}, less than "
                 f"{req.if_stale_s / 3600:g}h ago); nothing to do")
     return None
+
+
+def check_recommendation_path(spec, settings: Settings) -> None:
+    """Where the recommendation goes must take a file: a folder there would refuse the write only
+    after the whole study (exit 4 now, before any server start)."""
+    path = _payload.recommendation_path(recommendations_dir(spec, settings), spec.workload)
+    try:
+        _history.refuse_to_replace(path)
+    except OSError as e:
+        raise _failure(e, f"cannot write {path}: {e.strerror}; nothing was started") from None
 
 
 def check_host(spec, settings: Settings) -> None:
