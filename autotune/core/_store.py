@@ -212,6 +212,22 @@ def error_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
+def storage_fault(exc: BaseException) -> BaseException | None:
+    """The database error behind ``exc``, None when there is none. Optuna wraps it in a
+    StorageInternalError, and its own bookkeeping can fail on top of it (an UnboundLocalError from
+    a ``finally`` whose context is the database's error), so the chain of causes is searched."""
+    import sqlalchemy as sa
+
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, sa.exc.SQLAlchemyError):
+            return e
+        e = e.__cause__ or e.__context__
+    return None
+
+
 def open_optuna_storage(url: str, **kw):
     """Optuna's RDBStorage, created under a cross-process lock.
 

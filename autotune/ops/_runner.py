@@ -57,7 +57,7 @@ from autotune.core._schedule import iso, now, parse_iso
 from autotune.core._settings import Settings, get_settings
 from autotune.core._signals import StopState, graceful_stop, signame_of
 from autotune.core._spec import BudgetSpec, SpecError, find_spec, load_spec
-from autotune.core._store import Store, StoreError, safe_url
+from autotune.core._store import Store, StoreError, error_line, safe_url, scrub, storage_fault
 from autotune.decide import _decision, _history, _noise, _payload
 from autotune.engines import _affinity, _recovery, _registry
 from autotune.engines._engine import check_compile_cache
@@ -252,15 +252,29 @@ class _Run:
         return recommendations_dir(self.spec, self.settings)
 
     def record_failure(self, f: Failure) -> None:
-        """Keep the failure in the runs table: a row of its own before the run started, else the run's."""
+        """Keep the failure in the runs table: a row of its own before the run started, else the run's.
+        A database that cannot take it (the failure may be the database itself) leaves the row
+        ``running``; the next run on this host marks it interrupted (``mark_dead_runs``): said."""
         if self.store is None:
             return
-        if self.run_id is None:
-            self.store.record_failed_run(self.spec.workload, self.req.kind, self.settings.gpu, f.code, str(f))
-        elif self.st is None:
-            self.store.finish_run(self.run_id, "failed", f.code, error=str(f))
-        else:
-            _finish(self.store, self.run_id, self.st, "failed", f.code, error=str(f))
+        try:
+            if self.run_id is None:
+                self.store.record_failed_run(self.spec.workload, self.req.kind, self.settings.gpu, f.code, str(f))
+            elif self.st is None:
+                self.store.finish_run(self.run_id, "failed", f.code, error=str(f))
+            else:
+                try:
+                    _finish(self.store, self.run_id, self.st, "failed", f.code, error=str(f))
+                except Exception as e:  # noqa: BLE001  (the trial counts read the study's storage)
+                    if storage_fault(e) is None:
+                        raise
+                    self.store.finish_run(self.run_id, "failed", f.code, error=str(f))
+        except Exception as e:  # noqa: BLE001  (only a database fault is swallowed, and said)
+            cause = storage_fault(e)
+            if cause is None:
+                raise
+            f.lines.append(f"  the run could not be recorded as failed in {safe_url(self.url or self.store.url)} "
+                           f"({scrub(error_line(cause), self.url)}): the next run on this host marks it interrupted")
 
 
 # ---- the pipeline ---------------------------------------------------------------------------------
@@ -322,6 +336,12 @@ def _locked(r: _Run, result: RunResult) -> RunResult:
         if r.run_id is None:
             raise
         return result.interrupted(interrupted(r, signame_of(e)))
+    except Exception as e:  # noqa: BLE001  (only a database fault is foreseen here; the rest re-raised)
+        f = storage_failure(r, e)
+        if f is None:
+            raise
+        r.record_failure(f)
+        return result.failed(f)
     result.decision, result.recommendation = decision.decision, path
     for line in summary_lines(decision, payload, outcome):
         result.say(line)
@@ -570,6 +590,21 @@ def publish(r: _Run, decision, payload) -> Path:
                           f"unchanged") from None
     _finish(r.store, r.run_id, r.st, "ok", EXIT_OK, decision=decision.decision)
     return path
+
+
+def storage_failure(r: _Run, e: BaseException) -> Failure | None:
+    """The study's database unusable mid-run (a full disk, a file removed or corrupted, PostgreSQL
+    stopped): the server stopped, exit 3 naming the database (None: ``e`` is no database fault).
+    Every trial finished before it stays in the database; a rerun resumes the study."""
+    cause = storage_fault(e)
+    if cause is None:
+        return None
+    if r.st is not None and r.st.current_server is not None:
+        r.st.current_server.stop()
+    where = safe_url(r.url) if r.url else "the study's database"
+    msg = (f"database {where} became unusable mid-study ({scrub(error_line(cause), r.url)}); the server is "
+           f"stopped, the finished trials are kept in it; rerun to resume once it is usable")
+    return Failure(msg, StoreError(msg))
 
 
 def interrupted(r: _Run, signame: str) -> str:

@@ -1,0 +1,117 @@
+"""Faults in the middle of a study, in a process of its own (``_standin_study.py``: a stand-in
+engine, real SQLite): the database unusable after trial 0, the process killed -9 mid-trial. Each
+ends as documented (exit code, message, the runs table) and the rerun resumes without losing a
+finished trial or a start of the budget."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+
+from test_search_study import make_spec
+from autotune.core._store import Store
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+
+def _autotune(d: Path, *args: str, fault: str = "", wait: bool = True):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOTUNE__")}
+    env.update(AUTOTUNE__HOME=str(d / "home"), AUTOTUNE__LOCK_DIR=str(d / "locks"), AUTOTUNE_STANDIN_FAULT=fault,
+               PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]))
+    cmd = [sys.executable, str(HERE / "_standin_study.py"), *args]
+    if not wait:
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _start(d: Path, fault: str = "", **kw):
+    return _autotune(d, "study", "start", "--workload", "syn", "--spec", str(d / "syn.yaml"), fault=fault, **kw)
+
+
+def _runs(spec) -> list[dict]:
+    return Store(spec.storage).query("SELECT outcome, exit_code, error FROM autotune_runs ORDER BY started_at")
+
+
+def _trials(spec) -> list:
+    (summary,) = optuna.get_all_study_summaries(spec.storage)
+    return optuna.load_study(study_name=summary.study_name, storage=spec.storage).get_trials(deepcopy=False)
+
+
+def test_a_database_unusable_after_trial_0_exits_3_naming_it_and_the_rerun_resumes(tmp_path):
+    """Exit 70 before (Optuna's AssertionError or UnboundLocalError), the run left ``running``."""
+    spec = make_spec(tmp_path, budget={"max_trials": 8, "max_server_starts": 10, "max_wall_minutes": 10})
+    db = tmp_path / "study.db"
+    r = _start(tmp_path, fault="break-db-at:1")
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert f"error: database sqlite:///{db} became unusable mid-study (file is not a database); the server is " \
+           f"stopped, the finished trials are kept in it; rerun to resume once it is usable" in r.stderr
+    assert "could not be recorded as failed" in r.stdout and "the next run on this host marks it" in r.stdout
+    assert "Traceback" not in r.stdout + r.stderr
+    assert not (tmp_path / "rec" / "syn.json").exists()
+
+    shutil.copy(db.with_name("study.db.saved"), db)  # the database is back, as it was at the fault
+    baseline = _trials(spec)[0]
+    assert (baseline.state.name, baseline.user_attrs["role"]) == ("COMPLETE", "baseline")
+    r = _start(tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (tmp_path / "rec" / "syn.json").exists()
+    runs = _runs(spec)
+    assert [x["outcome"] for x in runs] == ["interrupted", "ok"], runs  # nothing left running
+    kept = _trials(spec)[0]
+    assert kept.datetime_complete == baseline.datetime_complete and kept.values == baseline.values
+    assert sum(1 for t in _trials(spec) if t.user_attrs.get("role") == "baseline") == 1  # not measured twice
+
+
+def test_a_run_whose_database_comes_back_is_recorded_failed(tmp_path, monkeypatch):
+    """When the database takes the record again by the time the run ends (a PostgreSQL restart),
+    the run is ``failed`` with exit 3 at once, not left ``running`` for the next run to find."""
+    from _synthetic import Workload
+    from test_search_study import RATES, fake_measure
+
+    import sqlalchemy.exc
+    from _standin_study import CAPS
+
+    from autotune.core._settings import Settings
+    from autotune.engines import _probe
+    from autotune.ops import _runner
+    from autotune.search import _study
+
+    monkeypatch.setattr(_probe, "probe", lambda *a, **k: CAPS)
+    for k in ("AUTOTUNE__STORAGE", "AUTOTUNE__RECOMMENDATIONS_DIR", "AUTOTUNE__STUDIES_DIR"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AUTOTUNE__HOME", str(tmp_path / "home"))
+    spec = make_spec(tmp_path, budget={"max_trials": 8, "max_server_starts": 10, "max_wall_minutes": 10})
+    inner = fake_measure(Workload(rates=RATES))
+    storage = optuna.storages.RDBStorage
+    stopped = []
+
+    class Server:  # what the study knows of the running server: the runner stops it
+        def stop(self):
+            stopped.append(True)
+
+    def measure(*a, **kw):
+        if len(inner.calls) == 1:  # the server connection drops once, as a restarted server's would
+            kw["on_server"](Server())
+            def lost(self, *a, **kw):
+                monkeypatch.setattr(storage, "set_trial_state_values", real)
+                raise optuna.exceptions.StorageInternalError("commit failed") from sqlalchemy.exc.OperationalError(
+                    "UPDATE trials", {}, Exception("server closed the connection unexpectedly"))
+            real = storage.set_trial_state_values
+            monkeypatch.setattr(storage, "set_trial_state_values", lost)
+        return inner(*a, **kw)
+
+    monkeypatch.setattr(_study, "measure", measure)
+    said: list[str] = []
+    code = _runner.run(_runner.RunRequest(workload="syn", spec_path=str(tmp_path / "syn.yaml")), settings=Settings(),
+                       echo=lambda msg, err=False: said.append(msg))
+    assert code == 3, said
+    assert "server closed the connection unexpectedly" in said[-1] and said[-1].startswith("error: database ")
+    assert stopped
+    (run,) = _runs(spec)
+    assert (run["outcome"], run["exit_code"]) == ("failed", 3) and "became unusable mid-study" in run["error"]
