@@ -5,10 +5,12 @@ finished trial or a start of the budget."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import optuna
@@ -115,3 +117,54 @@ def test_a_run_whose_database_comes_back_is_recorded_failed(tmp_path, monkeypatc
     assert stopped
     (run,) = _runs(spec)
     assert (run["outcome"], run["exit_code"]) == ("failed", 3) and "became unusable mid-study" in run["error"]
+
+
+def test_a_study_killed_mid_trial_spends_its_whole_budget_on_the_rerun(tmp_path):
+    """kill -9 in the middle of the first search start, under a budget of 6 starts: the dead start
+    does not count (docs/reliability.md), so its retry runs and the rerun spends the other starts
+    on the search and the confirmation. Before, the dead start counted, the confirmation's reserve
+    then blocked the retry (left WAITING) and the rerun made 2 starts: "no speculative
+    configuration completed", 4 starts unused."""
+    spec = make_spec(tmp_path, budget={"max_trials": 12, "max_server_starts": 6, "max_wall_minutes": 10})
+    proc = _start(tmp_path, fault="hang-at:1", wait=False)
+    hung = tmp_path / "home" / "hung"
+    deadline = time.monotonic() + 120
+    while not hung.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.1)
+    proc.kill()  # SIGKILL, mid-trial: nothing is cleaned up
+    proc.communicate()
+    assert [(t.number, t.state.name) for t in _trials(spec)] == [(0, "COMPLETE"), (1, "RUNNING")]
+
+    r = _start(tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    ts = _trials(spec)
+    assert ts[1].state.name == "FAIL" and ts[1].user_attrs["error"].startswith("interrupted: its autotune process")
+    (retry,) = [t for t in ts if t.user_attrs.get("retry_of") == 1]
+    assert retry.state.name == "COMPLETE" and retry.user_attrs["config_key"] == ts[1].user_attrs["config_key"]
+    starts = (tmp_path / "home" / "starts.jsonl").read_text().splitlines()
+    assert len(starts) == 1 + 5  # the baseline before the kill; the retry, then search and confirmation
+    rec = json.loads((tmp_path / "rec" / "syn.json").read_text())
+    assert (rec["study"]["server_starts"], rec["study"]["interrupted_starts"]) == (7, 1)  # 6 counted: the budget
+    assert rec["evidence"]["winner"]["config"]["method"] == "ngram", rec["reason"]
+    assert "no speculative configuration completed" not in rec["reason"]
+    assert [x["outcome"] for x in _runs(spec)] == ["interrupted", "ok"]
+    assert "7 server starts (1 whose process died, not counted against the budget)" in r.stdout
+
+
+def test_only_the_first_dead_start_of_a_configuration_goes_uncounted():
+    """A configuration whose start dies again may be what kills the process (the OOM killer): from
+    its second death on, its starts count, so a crash loop ends with the budget."""
+    from optuna.trial import TrialState, create_trial
+
+    from autotune.search._budget import uncounted
+
+    study = optuna.create_study()
+    died = {"error": "interrupted: its autotune process (pid 1 on h) died during the trial; retried",
+            "interrupted": True, "process_died": True}
+    for key, attrs in (("none", {}), ("a", died), ("a", died), ("b", died), ("b", {"interrupted_by": "SIGTERM"}),
+                       ("b", {"interrupted_by": "SIGINT"}), ("c", {})):
+        study.add_trial(create_trial(state=TrialState.FAIL if attrs else TrialState.COMPLETE,
+                                     value=None if attrs else 1.0,
+                                     user_attrs={"config_key": key, "server_starts": 1, **attrs}))
+    assert [t.number for t in uncounted(study.get_trials())] == [1, 3, 4, 5]

@@ -65,6 +65,7 @@ from autotune.engines._probe import ProbeError
 from autotune.engines._serverlog import engine_note_lines
 from autotune.ops._exit import exit_code
 from autotune.search import _preflight
+from autotune.search._budget import uncounted_note
 from autotune.search._record import study_record
 from autotune.search._space import SearchSpace
 from autotune.search._study import Study, interrupted_attrs
@@ -635,7 +636,7 @@ def summary_lines(decision, payload: dict, outcome) -> list[str]:
     out += [f"  drift: {note}" for note in payload["drift"]["notes"]]
     out += [f"  {line}" for line in _gate.lines(payload["fidelity"])]
     out.append(f"  {outcome.server_starts} server starts"
-               + (f" ({outcome.interrupted_starts} stopped by a signal, not counted against the budget)"
+               + (f" ({uncounted_note(outcome.trials, noun=False)}, not counted against the budget)"
                   if outcome.interrupted_starts else "") + f", {len(outcome.trials)} trials, {outcome.wall_s:.0f}s")
     return out
 

@@ -58,6 +58,7 @@ def recover_trials(study, storage, on_failed=None) -> list[int]:
         try:
             storage.set_trial_user_attr(tid, "error", reason)
             storage.set_trial_user_attr(tid, "interrupted", True)
+            storage.set_trial_user_attr(tid, "process_died", True)  # its start does not count (``_budget``)
             if not storage.set_trial_state_values(tid, state=TrialState.FAIL):
                 continue
         except optuna.exceptions.UpdateFinishedTrialError:
