@@ -1,5 +1,5 @@
 """Faults in the middle of a study, in a process of its own (``_standin_study.py``: a stand-in
-engine, real SQLite): the database unusable after trial 0, the process killed -9 mid-trial. Each
+engine, real SQLite and PostgreSQL): the database unusable after trial 0, the process killed -9 mid-trial. Each
 ends as documented (exit code, message, the runs table) and the rerun resumes without losing a
 finished trial or a start of the budget."""
 
@@ -7,16 +7,19 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import optuna
-
+import pytest
+import yaml
+from _standin_study import reopen_database
 from test_search_study import make_spec
-from autotune.core._store import Store
+
+from autotune.core._spec import StudySpec
+from autotune.core._store import Store, safe_url
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -45,19 +48,35 @@ def _trials(spec) -> list:
     return optuna.load_study(study_name=summary.study_name, storage=spec.storage).get_trials(deepcopy=False)
 
 
-def test_a_database_unusable_after_trial_0_exits_3_naming_it_and_the_rerun_resumes(tmp_path):
-    """Exit 70 before (Optuna's AssertionError or UnboundLocalError), the run left ``running``."""
-    spec = make_spec(tmp_path, budget={"max_trials": 8, "max_server_starts": 10, "max_wall_minutes": 10})
-    db = tmp_path / "study.db"
+@pytest.fixture(params=["sqlite", "postgresql"])
+def storage(request, tmp_path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'study.db'}"
+    return request.getfixturevalue("pg_url")
+
+
+def _spec_on(tmp_path: Path, storage: str, budget: dict):
+    """``make_spec``'s study, its storage ``storage``."""
+    make_spec(tmp_path, budget=budget)
+    data = yaml.safe_load((tmp_path / "syn.yaml").read_text())
+    data["storage"] = storage
+    (tmp_path / "syn.yaml").write_text(yaml.safe_dump(data))
+    return StudySpec.model_validate(data)
+
+
+def test_a_database_unusable_after_trial_0_exits_3_naming_it_and_the_rerun_resumes(tmp_path, storage):
+    """SQLite corrupted, or PostgreSQL refusing connections and ending the sessions, after trial 0:
+    exit 70 before (Optuna's AssertionError or UnboundLocalError), the run left ``running``."""
+    spec = _spec_on(tmp_path, storage, {"max_trials": 8, "max_server_starts": 10, "max_wall_minutes": 10})
     r = _start(tmp_path, fault="break-db-at:1")
     assert r.returncode == 3, r.stdout + r.stderr
-    assert f"error: database sqlite:///{db} became unusable mid-study (file is not a database); the server is " \
-           f"stopped, the finished trials are kept in it; rerun to resume once it is usable" in r.stderr
+    assert f"error: database {safe_url(storage)} became unusable mid-study (" in r.stderr
+    assert "); the server is stopped, the finished trials are kept in it; rerun to resume once it is usable" in r.stderr
     assert "could not be recorded as failed" in r.stdout and "the next run on this host marks it" in r.stdout
     assert "Traceback" not in r.stdout + r.stderr
     assert not (tmp_path / "rec" / "syn.json").exists()
 
-    shutil.copy(db.with_name("study.db.saved"), db)  # the database is back, as it was at the fault
+    reopen_database(storage)  # the database is back (SQLite: as it was at the fault)
     baseline = _trials(spec)[0]
     assert (baseline.state.name, baseline.user_attrs["role"]) == ("COMPLETE", "baseline")
     r = _start(tmp_path)
