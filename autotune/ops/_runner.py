@@ -603,8 +603,11 @@ def storage_failure(r: _Run, e: BaseException) -> Failure | None:
     if r.st is not None and r.st.current_server is not None:
         r.st.current_server.stop()
     where = safe_url(r.url) if r.url else "the study's database"
-    msg = (f"database {where} became unusable mid-study ({scrub(error_line(cause), r.url)}); the server is "
-           f"stopped, the finished trials are kept in it; rerun to resume once it is usable")
+    if r.run_id is None:  # before the run was recorded: nothing started yet
+        msg = f"database {where} is unusable ({scrub(error_line(cause), r.url)}); nothing was started"
+    else:
+        msg = (f"database {where} became unusable mid-study ({scrub(error_line(cause), r.url)}); the server "
+               f"is stopped, the finished trials are kept in it; rerun to resume once it is usable")
     return Failure(msg, StoreError(msg))
 
 
