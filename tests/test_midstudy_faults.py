@@ -72,7 +72,7 @@ def test_a_database_unusable_after_trial_0_exits_3_naming_it_and_the_rerun_resum
     assert r.returncode == 3, r.stdout + r.stderr
     assert f"error: database {safe_url(storage)} became unusable mid-study (" in r.stderr
     assert "); the server is stopped, the finished trials are kept in it; rerun to resume once it is usable" in r.stderr
-    assert "could not be recorded as failed" in r.stdout and "the next run on this host marks it" in r.stdout
+    assert "could not be recorded as failed" in r.stdout and "the next run on this host records it" in r.stdout
     assert "Traceback" not in r.stdout + r.stderr
     assert not (tmp_path / "rec" / "syn.json").exists()
 
@@ -89,14 +89,18 @@ def test_a_database_unusable_after_trial_0_exits_3_naming_it_and_the_rerun_resum
     assert sum(1 for t in _trials(spec) if t.user_attrs.get("role") == "baseline") == 1  # not measured twice
 
 
-def test_a_run_whose_database_comes_back_is_recorded_failed(tmp_path, monkeypatch):
-    """When the database takes the record again by the time the run ends (a PostgreSQL restart),
-    the run is ``failed`` with exit 3 at once, not left ``running`` for the next run to find."""
+def _lost(msg: str):
+    import sqlalchemy.exc
+
+    return sqlalchemy.exc.OperationalError("UPDATE ...", {}, Exception(msg))
+
+
+def _in_process(tmp_path, monkeypatch, lose_connection_at: int):
+    """The study in this process, its database connection lost once at the end of start
+    ``lose_connection_at`` (a PostgreSQL restart). Returns (run, spec, servers stopped)."""
+    from _standin_study import CAPS
     from _synthetic import Workload
     from test_search_study import RATES, fake_measure
-
-    import sqlalchemy.exc
-    from _standin_study import CAPS
 
     from autotune.core._settings import Settings
     from autotune.engines import _probe
@@ -110,32 +114,76 @@ def test_a_run_whose_database_comes_back_is_recorded_failed(tmp_path, monkeypatc
     spec = make_spec(tmp_path, budget={"max_trials": 8, "max_server_starts": 10, "max_wall_minutes": 10})
     inner = fake_measure(Workload(rates=RATES))
     storage = optuna.storages.RDBStorage
+    real = storage.set_trial_state_values
     stopped = []
 
     class Server:  # what the study knows of the running server: the runner stops it
         def stop(self):
             stopped.append(True)
 
+    def lost(self, *a, **kw):
+        monkeypatch.setattr(storage, "set_trial_state_values", real)
+        raise optuna.exceptions.StorageInternalError("commit failed") from _lost(
+            "server closed the connection unexpectedly")
+
     def measure(*a, **kw):
-        if len(inner.calls) == 1:  # the server connection drops once, as a restarted server's would
+        if len(inner.calls) == lose_connection_at:
             kw["on_server"](Server())
-            def lost(self, *a, **kw):
-                monkeypatch.setattr(storage, "set_trial_state_values", real)
-                raise optuna.exceptions.StorageInternalError("commit failed") from sqlalchemy.exc.OperationalError(
-                    "UPDATE trials", {}, Exception("server closed the connection unexpectedly"))
-            real = storage.set_trial_state_values
             monkeypatch.setattr(storage, "set_trial_state_values", lost)
         return inner(*a, **kw)
 
     monkeypatch.setattr(_study, "measure", measure)
-    said: list[str] = []
-    code = _runner.run(_runner.RunRequest(workload="syn", spec_path=str(tmp_path / "syn.yaml")), settings=Settings(),
-                       echo=lambda msg, err=False: said.append(msg))
+
+    def run():
+        said: list[str] = []
+        code = _runner.run(_runner.RunRequest(workload="syn", spec_path=str(tmp_path / "syn.yaml")),
+                           settings=Settings(), echo=lambda msg, err=False: said.append(msg))
+        return code, said
+    return run, spec, stopped
+
+
+def test_a_run_whose_database_comes_back_is_recorded_failed(tmp_path, monkeypatch):
+    """When the database takes the record again by the time the run ends (a PostgreSQL restart),
+    the run is ``failed`` with exit 3 at once, not left ``running`` for the next run to find."""
+    run, spec, stopped = _in_process(tmp_path, monkeypatch, lose_connection_at=1)
+    code, said = run()
     assert code == 3, said
     assert "server closed the connection unexpectedly" in said[-1] and said[-1].startswith("error: database ")
     assert stopped
-    (run,) = _runs(spec)
-    assert (run["outcome"], run["exit_code"]) == ("failed", 3) and "became unusable mid-study" in run["error"]
+    (row,) = _runs(spec)
+    assert (row["outcome"], row["exit_code"]) == ("failed", 3) and "became unusable mid-study" in row["error"]
+
+
+def test_a_failure_the_database_refused_is_recorded_by_the_next_run_of_the_process(tmp_path, monkeypatch):
+    """A daemon outlives its runs: the run whose failure the database refused is recorded
+    ``failed`` by the daemon's next run, not left ``running`` while the daemon lives."""
+    from autotune.core._store import Store as S
+
+    run, spec, _ = _in_process(tmp_path, monkeypatch, lose_connection_at=1)
+    real_finish, down = S.finish_run, [True]
+
+    def finish_refused(self, *a, **kw):
+        if down:
+            raise _lost("the database system is shutting down")
+        return real_finish(self, *a, **kw)
+
+    monkeypatch.setattr(S, "finish_run", finish_refused)
+    code, said = run()
+    down.clear()  # the database is back before the daemon's next run
+    assert code == 3, said
+    assert any("the run could not be recorded as failed in sqlite:///" in line and "the database system is shutting "
+               "down): the next run on this host records it" in line for line in said), said
+    assert [x["outcome"] for x in _runs(spec)] == ["running"]
+    code, said = run()
+    assert code == 0, said
+    assert sorted((x["outcome"], x["exit_code"]) for x in _runs(spec)) == [("failed", 3), ("ok", 0)]
+    # the trial the lost connection left RUNNING is this live process's: failed and retried at once
+    # (not waited for until its heartbeat went stale)
+    lost = _trials(spec)[1]
+    assert lost.state.name == "FAIL" and lost.user_attrs["error"].startswith(
+        f"interrupted: its run in this process (pid {os.getpid()} on ")
+    (retry,) = [t for t in _trials(spec) if t.user_attrs.get("retry_of") == 1]
+    assert retry.state.name == "COMPLETE"
 
 
 def test_a_study_killed_mid_trial_spends_its_whole_budget_on_the_rerun(tmp_path):

@@ -66,6 +66,7 @@ from autotune.engines._serverlog import engine_note_lines
 from autotune.ops._exit import exit_code
 from autotune.search import _preflight
 from autotune.search._budget import uncounted_note
+from autotune.search._recovery import end_run
 from autotune.search._record import study_record
 from autotune.search._space import SearchSpace
 from autotune.search._study import Study, interrupted_attrs
@@ -274,8 +275,23 @@ class _Run:
             cause = storage_fault(e)
             if cause is None:
                 raise
+            if self.run_id is not None:  # this process's next run (the daemon's) records it
+                _UNRECORDED.append((self.store.url, self.run_id, f.code, str(f)))
             f.lines.append(f"  the run could not be recorded as failed in {safe_url(self.url or self.store.url)} "
-                           f"({scrub(error_line(cause), self.url)}): the next run on this host marks it interrupted")
+                           f"({scrub(error_line(cause), self.url)}): the next run on this host records it")
+
+
+_UNRECORDED: list[tuple[str, str, int, str]] = []
+"""(storage, run id, exit code, error) of runs whose failure the database could not take: the next
+run of this process records them (a daemon outlives its runs, so ``mark_dead_runs``, which waits
+for the process to die, would leave them ``running`` until it stops)."""
+
+
+def _record_unrecorded(store: Store) -> None:
+    for item in [u for u in _UNRECORDED if u[0] == store.url]:
+        _, run_id, code, error = item
+        store.finish_run(run_id, "failed", code, error=error)
+        _UNRECORDED.remove(item)
 
 
 # ---- the pipeline ---------------------------------------------------------------------------------
@@ -448,6 +464,7 @@ def prepare(r: _Run) -> None:
         r.store = Store(r.url)
     except StoreError as e:
         raise _failure(e) from None
+    _record_unrecorded(r.store)
     for d in r.store.mark_dead_runs(socket.gethostname(), lambda pid: _recovery.owner_alive({"pid": pid})):
         echo(f"  run {d['run_id']} of {d['workload']} (pid {d['pid']}) had died; marked interrupted")
     r.engine = _registry.for_spec(spec)
@@ -602,6 +619,8 @@ def storage_failure(r: _Run, e: BaseException) -> Failure | None:
         return None
     if r.st is not None and r.st.current_server is not None:
         r.st.current_server.stop()
+    if r.run_id is not None:  # its trial left RUNNING is dead: this process's next run retries it
+        end_run(r.run_id)
     where = safe_url(r.url) if r.url else "the study's database"
     if r.run_id is None:  # before the run was recorded: nothing started yet
         msg = f"database {where} is unusable ({scrub(error_line(cause), r.url)}); nothing was started"

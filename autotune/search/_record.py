@@ -161,9 +161,10 @@ def stopped_by_signal(t) -> bool:
 
 
 def died_with_its_process(t) -> bool:
-    """The trial's autotune process died during its start (kill -9, the OOM killer, a reboot): a
-    later run's recovery failed it (``_recovery``, ``process_died``; storages written before that
-    mark say it in the error: ``interrupted: its autotune process ... died``)."""
+    """The run that made the trial's start ended during it: its autotune process died (kill -9, the
+    OOM killer, a reboot) or, in a daemon, its database failed mid-trial. A later run's recovery
+    failed it (``_recovery``, ``process_died``; storages written before that mark say it in the
+    error: ``interrupted: its autotune process ... died``)."""
     a = t.user_attrs
     return bool(a.get("process_died")) or str(a.get("error") or "").startswith("interrupted: its autotune process")
 
