@@ -266,6 +266,84 @@ def test_an_invalid_setting_exits_2_naming_it(env, monkeypatch):
     assert r.output.startswith("error: setting AUTOTUNE__METRICS_PORT: Input should be a valid integer")
 
 
+@pytest.mark.parametrize("var,value,why", [
+    ("AUTOTUNE__VLLM_COMMAND", 'vllm "serve', "not a shell-quoted command (No closing quotation)"),
+    ("AUTOTUNE__VLLM_COMMAND", "  ", "empty"),
+    ("AUTOTUNE__METRICS_PORT", "99999", "Input should be less than or equal to 65535"),
+    ("AUTOTUNE__METRICS_PORT", "-1", "Input should be greater than or equal to 0"),
+    ("AUTOTUNE__METRICS_ADDR", "not a host!", "'not a host!' is neither an IP address nor a host name"),
+    ("AUTOTUNE__HOME", "/dev/null", "/dev/null is not a folder"),
+    ("AUTOTUNE__HOME", "{file}", "{file} is not a folder"),
+    ("AUTOTUNE__STUDIES_DIR", "{file}", "{file} is not a folder"),
+    ("AUTOTUNE__RECOMMENDATIONS_DIR", "{file}", "{file} is not a folder"),
+    ("AUTOTUNE__VLLM_COMPILE_CACHE", "sometimes", "Input should be 'per-config' or 'shared'"),
+])
+@pytest.mark.parametrize("command", [["study", "start", "--workload", "code"], ["study", "list"],
+                                     ["traffic", "sample", "--workload", "code"], ["drift", "check", "code"]])
+def test_every_setting_is_checked_when_it_loads(env, monkeypatch, tmp_path, var, value, why, command):
+    """A setting no command can use is exit 2 naming the variable, whichever command loads it,
+    before anything is written: never a traceback (exit 70), never silently ignored."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a folder\n")
+    monkeypatch.setenv(var, value.format(file=a_file))
+    r = CliRunner().invoke(main, command)
+    assert (r.exit_code, type(r.exception)) == (2, SystemExit), r.output
+    assert r.output.startswith(f"error: setting {var}: {why.format(file=a_file)}"), r.output
+    assert not (tmp_path / "home").exists()
+
+
+def test_a_bind_address_that_does_not_resolve_exits_2_naming_it(env, monkeypatch, tmp_path):
+    monkeypatch.setenv("AUTOTUNE__METRICS_ADDR", "no-such-host.invalid")
+    args = ["exporter", "--storage", f"sqlite:///{tmp_path / 'x.db'}", "--port", "0"]
+    r = CliRunner().invoke(main, args)
+    assert (r.exit_code, type(r.exception)) == (2, SystemExit), r.output
+    assert "error: setting AUTOTUNE__METRICS_ADDR: 'no-such-host.invalid' does not resolve on this host" in r.output
+    r = CliRunner().invoke(main, args + ["--addr", "no-such-host.invalid"])
+    assert r.exit_code == 2 and "error: setting --addr: 'no-such-host.invalid' does not resolve" in r.output
+
+
+@pytest.mark.parametrize("command,option", [
+    (["exporter", "--port", "99999"], "--port"), (["exporter", "--port", "-1"], "--port"),
+    (["daemon", "run", "--metrics-port", "70000"], "--metrics-port"),
+    (["telemetry", "scrape", "--url", "http://127.0.0.1:9", "--every", "-1"], "--every"),
+    (["telemetry", "scrape", "--url", "http://127.0.0.1:9", "--every", "0"], "--every"),
+    (["traffic", "sample", "--workload", "code", "--window-hours", "0"], "--window-hours"),
+    (["traffic", "sample", "--workload", "code", "--max-model-len", "0"], "--max-model-len"),
+    (["traffic", "sample", "--workload", "code", "--seed", "-3"], "--seed"),
+])
+def test_a_numeric_option_out_of_its_range_exits_2_naming_it(env, command, option):
+    r = CliRunner().invoke(main, command)
+    assert (r.exit_code, type(r.exception)) == (2, SystemExit), r.output
+    assert f"Invalid value for '{option}'" in r.output
+
+
+@pytest.mark.parametrize("window", ["0s", "0", "0m"])
+def test_telemetry_scrape_with_a_zero_window_exits_2_naming_it(env, window):
+    r = CliRunner().invoke(main, ["telemetry", "scrape", "--url", "http://127.0.0.1:9", "--window", window])
+    assert (r.exit_code, type(r.exception)) == (2, SystemExit), r.output
+    assert f"error: --window: {window!r} is not above zero" in r.output
+
+
+@pytest.mark.parametrize("command,code,message", [
+    (["drift", "check", "code"], 2, "{path}: a folder, not a recommendation file; move it away"),
+    (["recommend", "show", "code"], 2, "{path}: a folder, not a recommendation file; move it away"),
+    (["study", "start", "--workload", "code", "--if-stale", "20h"], 4,
+     "cannot write {path}: a folder, not a recommendation file; move it away; nothing was started"),
+    (["study", "start", "--workload", "code"], 4,
+     "cannot write {path}: a folder, not a recommendation file; move it away; nothing was started"),
+])
+def test_a_folder_where_the_recommendation_goes_is_named(env, tmp_path, command, code, message):
+    """Exit 70 (IsADirectoryError) before in `drift check` and `--if-stale`; `study start` found it
+    only after the whole study."""
+    path = Path(env["AUTOTUNE__RECOMMENDATIONS_DIR"]) / "code.json"
+    path.mkdir()
+    r = CliRunner().invoke(main, command)
+    assert (r.exit_code, type(r.exception)) == (code, SystemExit), r.output
+    assert f"error: {message.format(path=path)}" in r.output
+    assert path.is_dir() and list(path.iterdir()) == []
+    assert not (tmp_path / "home" / "servers").exists() and not (tmp_path / "home" / "logs").exists()
+
+
 def test_the_postgres_extra_carries_the_driver_of_the_deploy_url():
     import re
     import tomllib

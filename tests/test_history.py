@@ -63,6 +63,37 @@ def test_every_recommendation_is_kept_in_table_and_files(tmp_path, store):
     assert [h["id"] for h in _history.history("code", recs, None)] == [r["rec_id"] for r in rows]
 
 
+@pytest.mark.parametrize("how", ["a_folder_there", "rename_fails_after_commit"])
+def test_the_row_is_kept_only_with_the_file_it_describes(tmp_path, store, monkeypatch, how):
+    """The table row commits just before the rename; a rename that cannot happen (a folder where
+    the file goes) or that fails anyway leaves no row, no history copy: `recommend history`,
+    `db report` and the exporter never list a recommendation that was not written."""
+    recs = tmp_path / "recs"
+    _history.write(_payload(), recs, store)
+    hist_before = sorted(p.name for p in (recs / "history" / "code").iterdir())
+    if how == "a_folder_there":
+        (recs / "code.json").unlink()
+        (recs / "code.json").mkdir()
+        (recs / "code.json" / "keep").write_text("x")
+    else:
+        real_replace = os.replace
+
+        def replace(src, dst, *a, **kw):
+            if Path(dst) == recs / "code.json":
+                raise OSError(errno.EIO, "Input/output error", str(dst))
+            return real_replace(src, dst, *a, **kw)
+
+        monkeypatch.setattr(_files.os, "replace", replace)
+    with pytest.raises(OSError) as e:
+        _history.write(_payload("keep", None, "2026-11-29T02:00:00+00:00"), recs, store)
+    monkeypatch.undo()
+    assert e.value.filename == str(recs / "code.json")
+    assert [r["decision"] for r in store.recommendations("code")] == ["change"]  # the first one only
+    assert sorted(p.name for p in (recs / "history" / "code").iterdir()) == hist_before
+    assert [p.name for p in recs.iterdir() if p.name.startswith(".")] == []
+    assert [h["decision"] for h in _history.history("code", recs, store)] == ["change"]
+
+
 @pytest.mark.parametrize("how", ["disk_full", "history_not_a_dir", "db_commit"])
 def test_failed_write_changes_nothing(tmp_path, store, monkeypatch, how):
     recs = tmp_path / "recs"

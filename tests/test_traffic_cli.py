@@ -101,6 +101,19 @@ def test_sample_bad_input_exits_2(env):
     assert r.exit_code == 2 and "invalid --redact regex" in r.output
 
 
+@pytest.mark.parametrize("n", ["0", "-2"])
+def test_sample_of_no_requests_is_refused_and_leaves_the_replay_set(env, n):
+    """``--n 0`` used to mean "the spec's default" and rewrote the replay set."""
+    assert _run("traffic", "import", write_jsonl(env / "a.jsonl", chat_rows(30))).exit_code == 0
+    assert _run("traffic", "sample", "--workload", "code", "--n", 10).exit_code == 0
+    replay = env / "replay" / "code.jsonl"
+    before = (replay.read_bytes(), (env / "replay" / "code.jsonl.manifest.json").read_bytes())
+    r = CliRunner().invoke(main, ["traffic", "sample", "--workload", "code", "--n", n, "--seed", "5"])
+    assert (r.exit_code, type(r.exception)) == (2, SystemExit), r.output
+    assert "Invalid value for '--n'" in r.output
+    assert (replay.read_bytes(), (env / "replay" / "code.jsonl.manifest.json").read_bytes()) == before
+
+
 # ---- write faults: exit 4, the pools as they were --------------------------------------------
 def _traffic_files(home: Path) -> dict[str, bytes]:
     d = home / "traffic"
@@ -120,6 +133,35 @@ def test_full_disk_during_import_exits_4_and_changes_no_pool(env, monkeypatch):
     assert "error: cannot write the traffic pools: " in r.output and "No space left on device" in r.output
     assert "the pools are unchanged" in r.output and "malformed" not in r.output
     assert _traffic_files(env / "home") == before  # no torn line, no temp file left
+
+
+def test_a_failure_at_the_second_pools_commit_leaves_every_pool_as_it_was(env, monkeypatch):
+    """Two workloads in one import: the disk fills at the second pool's rename. Both pools and
+    both metadata files stay the old ones, so "the pools are unchanged" is true."""
+    import os
+
+    rows = chat_rows(4, workload="code") + chat_rows(4, workload="chat", prefix="c")
+    assert _run("traffic", "import", write_jsonl(env / "a.jsonl", rows)).exit_code == 0
+    before = _traffic_files(env / "home")
+    assert {"code.jsonl", "chat.jsonl", "code.meta.json", "chat.meta.json"} <= set(before)
+    real_replace, pools_renamed = os.replace, []
+
+    def replace(src, dst, *a, **kw):
+        dst = Path(dst)
+        if dst.suffix == ".jsonl" and not dst.name.startswith("."):
+            pools_renamed.append(dst.name)
+            if len(pools_renamed) == 2:
+                raise OSError(28, "No space left on device", str(src))
+        return real_replace(src, dst, *a, **kw)
+
+    monkeypatch.setattr(os, "replace", replace)
+    more = chat_rows(3, workload="code", prefix="x") + chat_rows(3, workload="chat", prefix="y")
+    r = CliRunner().invoke(main, ["traffic", "import", str(write_jsonl(env / "b.jsonl", more))])
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert len(pools_renamed) >= 2, pools_renamed  # the first pool was renamed before the failure
+    assert r.exit_code == 4, r.output
+    assert "No space left on device" in r.output and "the pools are unchanged" in r.output
+    assert _traffic_files(env / "home") == before  # both pools and metas as they were, no temp file
 
 
 def test_read_only_home_exits_4_without_a_traceback(env):

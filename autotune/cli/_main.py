@@ -56,9 +56,8 @@ class _Main(click.Group):
             code = exit_code(e, foreseen=False)
             if code == EXIT_INPUT and not hasattr(e, "errors"):  # an input file (InputError) names itself
                 fail(str(e), code)
-            if code == EXIT_INPUT:  # AUTOTUNE__METRICS_PORT=abc
-                fail("; ".join(f"setting AUTOTUNE__{'.'.join(map(str, err['loc'])).upper()}: {err['msg']}"
-                               for err in e.errors()), code)
+            if code == EXIT_INPUT:  # AUTOTUNE__METRICS_PORT=abc, a bind address that does not resolve
+                fail(setting_errors(e), code)
             storage = os.environ.get("AUTOTUNE__STORAGE")
             if isinstance(e, ImportError):  # an optional dependency this command needs is not installed
                 fail(scrub(f"{e} (a dependency this command needs is missing)", storage), code)
@@ -66,6 +65,14 @@ class _Main(click.Group):
                 fail(scrub(f"{e.filename}: {e.strerror or e}", storage), code)
             fail(scrub(f"unexpected {type(e).__name__}: {e} (a bug in autotune; -vv prints the traceback)",
                        storage), code)
+
+
+def setting_errors(e: Exception) -> str:
+    """One line naming each refused ``AUTOTUNE__...`` variable and why."""
+    if not hasattr(e, "errors"):
+        return str(e)
+    return "; ".join(f"setting AUTOTUNE__{'.'.join(map(str, err['loc'])).upper()}: "
+                     f"{str(err['msg']).removeprefix('Value error, ')}" for err in e.errors())
 
 
 @click.group(cls=_Main)

@@ -28,7 +28,7 @@ def daemon() -> None:
               "with an enabled schedule)")
 @click.option("--now", "run_now", is_flag=True, help="also run every workload once at startup")
 @click.option("--metrics-addr", help="exporter bind address (default AUTOTUNE__METRICS_ADDR, 127.0.0.1)")
-@click.option("--metrics-port", type=int, help="exporter port (default AUTOTUNE__METRICS_PORT, 9464; 0 = any)")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), help="exporter port (default AUTOTUNE__METRICS_PORT, 9464; 0 = any)")
 @click.option("--no-metrics", is_flag=True, help="no Prometheus exporter")
 def daemon_run(workloads, run_now, metrics_addr, metrics_port, no_metrics) -> None:
     """Schedule each workload's nightly study (spec `schedule.cron`) and run them one at a time.
@@ -68,7 +68,7 @@ def worker(workload, spec_path, storage, study_name, wait_for_gpu, quiet) -> Non
 @click.option("--storage-file", "storage_files", multiple=True, type=click.Path(dir_okay=False),
               help="read a database URL from this file (keep it 0600): a password stays out of the process list")
 @click.option("--addr", help="bind address (default AUTOTUNE__METRICS_ADDR, 127.0.0.1)")
-@click.option("--port", type=int, help="port (default AUTOTUNE__METRICS_PORT, 9464)")
+@click.option("--port", type=click.IntRange(0, 65535), help="port (default AUTOTUNE__METRICS_PORT, 9464)")
 def exporter(storages, storage_files, addr, port) -> None:
     """Serve the Prometheus metrics alone (for cron-driven setups without the daemon)."""
     import threading
@@ -80,7 +80,8 @@ def exporter(storages, storage_files, addr, port) -> None:
     settings = get_settings()
     urls = ({resolve_storage(u, None) for u in storages} | {read_storage_file(f) for f in storage_files}
             or spec_storages(settings))
-    srv, _ = _exporter.serve(urls, addr or settings.metrics_addr, port if port is not None else settings.metrics_port)
+    srv, _ = _exporter.serve(urls, addr or settings.metrics_addr, port if port is not None else settings.metrics_port,
+                             addr_from="--addr" if addr else "AUTOTUNE__METRICS_ADDR")
     click.echo(f"metrics on http://{addr or settings.metrics_addr}:{srv.server_port}/metrics")
     try:
         with graceful_stop():

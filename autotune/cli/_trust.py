@@ -48,20 +48,16 @@ def telemetry() -> None:
 @telemetry.command("scrape")
 @click.option("--url", required=True, help="the deployment's vLLM server (http://host:port or .../metrics)")
 @click.option("--window", "window", default="60s", show_default=True, help="how long to watch (30s, 10m, 1h)")
-@click.option("--every", "every_s", type=float, default=1.0, show_default=True,
+@click.option("--every", "every_s", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
               help="seconds between gauge samples (running requests, KV cache usage)")
 @click.option("--out", "out", type=click.Path(dir_okay=False), help="write the bundle (JSON) here")
 @click.option("--json", "as_json", is_flag=True, help="print the derived figures as JSON")
 def telemetry_scrape(url, window, every_s, out, as_json) -> None:
     """Scrape URL's /metrics now and after WINDOW; derive acceptance, coverage, tokens per step,
     TPOT/ITL/TTFT percentiles, preemptions, running requests, KV usage. Exit 3 if unreachable."""
-    from autotune.core._schedule import parse_duration
     from autotune.trust import _telemetry
 
-    try:
-        window_s = parse_duration(window)
-    except ValueError as e:
-        fail(f"--window: {e}")
+    window_s = _window(window)
     try:
         b = _telemetry.scrape_window(url, window_s, sample_every_s=every_s)
     except _telemetry.TelemetryError as e:
@@ -85,19 +81,28 @@ def telemetry_scrape(url, window, every_s, out, as_json) -> None:
 def telemetry_show(path, after, window, as_json) -> None:
     """The figures of a bundle (PATH from `scrape --out`), or of two saved exposition files
     (PATH before, AFTER after, e.g. `curl -s host:8000/metrics > before.prom`)."""
-    from autotune.core._schedule import parse_duration
     from autotune.trust import _telemetry
 
-    try:
-        window_s = parse_duration(window) if window else None
-    except ValueError as e:
-        fail(f"--window: {e}")
+    window_s = _window(window) if window else None
     b = _load_telemetry(path, after, window_s)
     if as_json:
         click.echo(json.dumps(b["derived"], indent=2))
         return
     for line in _telemetry.summary_lines(b):
         click.echo(line)
+
+
+def _window(text: str) -> float:
+    """``--window``'s seconds: a duration above zero (a zero window has no rates to derive)."""
+    from autotune.core._schedule import parse_duration
+
+    try:
+        window_s = parse_duration(text)
+    except ValueError as e:
+        fail(f"--window: {e}")
+    if window_s <= 0:
+        fail(f"--window: {text!r} is not above zero")
+    return window_s
 
 
 # ---- drift ----------------------------------------------------------------------------------

@@ -121,11 +121,16 @@ class AtomicFile:
     def write(self, data) -> int:
         return self.fh.write(data)
 
-    def commit(self, before_replace: Callable[[], Any] | None = None) -> Path:
-        try:
+    def stage(self) -> None:
+        """Flush, fsync and close the temp file: ready to be renamed, nothing current changed."""
+        if not self.fh.closed:
             self.fh.flush()
             os.fsync(self.fh.fileno())
             self.fh.close()
+
+    def commit(self, before_replace: Callable[[], Any] | None = None) -> Path:
+        try:
+            self.stage()
             if before_replace is not None:
                 before_replace()
             os.replace(self.tmp, self.path)
@@ -153,6 +158,63 @@ class AtomicFile:
             self.commit()
         else:
             self.abort()
+
+
+def commit_together(files: list[AtomicFile]) -> list[Path]:
+    """Make every file current, or none: several files that describe one state (the traffic
+    pools of one import and their metadata) must never be left half old, half new.
+
+    Each is staged (fsynced) first, each current file is kept under a hard link beside it, then
+    the renames run; a failure among them (a full disk, an I/O error) puts the kept files back,
+    removes the new ones that had no predecessor and every temp file, and re-raises."""
+    kept: list[tuple[Path, Path | None]] = []
+    done: list[AtomicFile] = []
+    try:
+        for f in files:
+            f.stage()
+        for f in files:
+            kept.append((f.path, _keep_current(f)))
+        for f in files:
+            os.replace(f.tmp, f.path)
+            f.done = True
+            done.append(f)
+    except BaseException:
+        for f in reversed(done):
+            old = dict(kept).get(f.path)
+            with contextlib.suppress(OSError):
+                if old is not None:
+                    os.replace(old, f.path)
+                else:
+                    f.path.unlink()
+        for f in files:
+            f.abort()
+        _drop_kept(kept)
+        raise
+    _drop_kept(kept)
+    for d in dict.fromkeys(f.path.parent for f in files):
+        fsync_dir(d)
+    return [f.path for f in files]
+
+
+def _keep_current(f: AtomicFile) -> Path | None:
+    """A second name for ``f``'s current file (None when there is none) to restore it from."""
+    if not f.path.is_file() or f.path.is_symlink():
+        return None
+    old = f.tmp.with_name(f.tmp.name + ".old")  # unique: the temp file's own random name
+    try:
+        os.link(f.path, old)
+    except OSError as e:
+        if e.errno not in (errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP):
+            raise
+        shutil.copy2(f.path, old)  # a filesystem without hard links
+    return old
+
+
+def _drop_kept(kept: list[tuple[Path, Path | None]]) -> None:
+    for _, old in kept:
+        if old is not None:
+            with contextlib.suppress(OSError):
+                old.unlink()
 
 
 def write_text(path: str | Path, text: str, mode: int = PRIVATE,

@@ -228,6 +228,22 @@ def error_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
+def storage_fault(exc: BaseException) -> BaseException | None:
+    """The database error behind ``exc``, None when there is none. Optuna wraps it in a
+    StorageInternalError, and its own bookkeeping can fail on top of it (an UnboundLocalError from
+    a ``finally`` whose context is the database's error), so the chain of causes is searched."""
+    import sqlalchemy as sa
+
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, sa.exc.SQLAlchemyError):
+            return e
+        e = e.__cause__ or e.__context__
+    return None
+
+
 def open_optuna_storage(url: str, **kw):
     """Optuna's RDBStorage, created under a cross-process lock.
 
@@ -367,6 +383,11 @@ class Store:
                 "reason", "history_path", "payload"]
         _exec(conn, f"INSERT INTO autotune_recommendations ({', '.join(cols)}) "
                     f"VALUES ({', '.join(':' + c for c in cols)})", **{c: row.get(c) for c in cols})
+
+    def remove_recommendation(self, rec_id: str) -> None:
+        """Undo a committed row whose file could not be made current (the rename after the commit
+        failed): the table never lists a recommendation that was not written."""
+        self._write("DELETE FROM autotune_recommendations WHERE rec_id = :rec_id", rec_id=rec_id)
 
     # ---- reads --------------------------------------------------------------------------
     def query(self, sql: str, **params) -> list[dict]:

@@ -21,6 +21,7 @@ recommend diff`` explains both.
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import json
 import uuid
 from pathlib import Path
@@ -129,16 +130,28 @@ def write(payload: dict, recommendations_dir: str | Path, store=None, run_id: st
            "drift": int(bool(drift.get("drifted"))), "winner_changed": int(bool(drift.get("winner_changed"))),
            "reason": payload.get("reason", ""), "history_path": str(hist),
            "payload": json.dumps(payload, default=str)}
+    refuse_to_replace(path)
     conn = store.engine.connect() if store is not None else None
     trans = conn.begin() if conn is not None else None
+    committed = False
+
+    def commit() -> None:
+        nonlocal committed
+        refuse_to_replace(path)  # what the rename would refuse, found while the row can still roll back
+        if trans is not None:
+            trans.commit()
+            committed = True
+
     try:
         if conn is not None:
             store.add_recommendation(conn, row)
         try:
             write_atomic(hist, payload)
-            write_atomic(path, payload, before_replace=trans.commit if trans is not None else None)
+            write_atomic(path, payload, before_replace=commit)
         except BaseException:
             hist.unlink(missing_ok=True)
+            if committed:  # the rename failed after the commit: the row goes too
+                store.remove_recommendation(rec_id)
             raise
     finally:
         if conn is not None:
@@ -146,6 +159,14 @@ def write(payload: dict, recommendations_dir: str | Path, store=None, run_id: st
                 trans.rollback()
             conn.close()
     return path
+
+
+def refuse_to_replace(path: Path) -> None:
+    """A folder (or a FIFO, a device) where the recommendation file goes is no file to replace:
+    an OSError naming it, so the write fails before anything is committed."""
+    if (path.exists() or path.is_symlink()) and not path.is_file():
+        kind = "a folder" if path.is_dir() else "not a regular file"
+        raise IsADirectoryError(errno.EISDIR, f"{kind}, not a recommendation file; move it away", str(path))
 
 
 def _iso_z(created_at: str | None) -> str:

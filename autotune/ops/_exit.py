@@ -17,6 +17,7 @@ from autotune.core._exit import (EXIT_BUSY, EXIT_ENGINE, EXIT_FIDELITY, EXIT_INP
 from autotune.core._inputs import InputError
 from autotune.core._lock import LockDirError, LockHeld
 from autotune.core._names import BadName
+from autotune.core._settings import SettingsError
 from autotune.core._store import StoreError
 from autotune.engines._probe import ProbeError
 from autotune.search._trial import TrialFailed
@@ -51,6 +52,8 @@ def exit_code(exc: BaseException, foreseen: bool = True) -> int:
     if isinstance(exc, (InputError, BadName)):  # a FIFO, a huge file, a name with a '/' in it
         return EXIT_INPUT
     if isinstance(exc, ValidationError) and exc.title == "Settings":  # AUTOTUNE__METRICS_PORT=abc
+        return EXIT_INPUT
+    if isinstance(exc, SettingsError):  # AUTOTUNE__METRICS_ADDR that does not resolve
         return EXIT_INPUT
     if isinstance(exc, ImportError):  # an optional dependency the command needs is not installed
         return EXIT_ENGINE

@@ -29,6 +29,7 @@ import logging
 from typing import Callable, Iterable
 
 from autotune.core._schedule import parse_iso
+from autotune.core._settings import bind_address
 from autotune.core._store import Store, safe_url, scrub
 
 log = logging.getLogger(__name__)
@@ -134,11 +135,14 @@ class StoreCollector:
             c["trial_failures"].add_metric([r["workload"]], r["f"] or 0)
 
 
-def serve(urls: Iterable[str], addr: str = "127.0.0.1", port: int = 9464, extra=None):
+def serve(urls: Iterable[str], addr: str = "127.0.0.1", port: int = 9464, extra=None,
+          addr_from: str = "AUTOTUNE__METRICS_ADDR"):
     """Start the HTTP endpoint in a background thread; returns (server, thread). ``port=0``
-    picks a free port (``server.server_port``)."""
+    picks a free port (``server.server_port``). An address that does not resolve is a
+    SettingsError naming ``addr_from`` (exit 2), not a resolver traceback."""
     from prometheus_client import CollectorRegistry, start_http_server
 
+    bind_address(addr, addr_from)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StoreCollector(urls, extra))
     return start_http_server(port, addr=addr, registry=registry)

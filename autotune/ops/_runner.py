@@ -58,7 +58,7 @@ from autotune.core._schedule import iso, now, parse_iso
 from autotune.core._settings import Settings, get_settings
 from autotune.core._signals import StopState, graceful_stop, signame_of
 from autotune.core._spec import BudgetSpec, SpecError, find_spec, load_spec
-from autotune.core._store import Store, StoreError, safe_url
+from autotune.core._store import Store, StoreError, error_line, safe_url, scrub, storage_fault
 from autotune.decide import _decision, _history, _noise, _payload
 from autotune.engines import _affinity, _recovery, _registry
 from autotune.engines._engine import check_compile_cache
@@ -66,6 +66,8 @@ from autotune.engines._probe import ProbeError
 from autotune.engines._serverlog import engine_note_lines
 from autotune.ops._exit import exit_code
 from autotune.search import _preflight
+from autotune.search._budget import uncounted_note
+from autotune.search._recovery import end_run
 from autotune.search._record import study_record
 from autotune.search._space import SearchSpace
 from autotune.search._study import Study, interrupted_attrs
@@ -253,15 +255,44 @@ class _Run:
         return recommendations_dir(self.spec, self.settings)
 
     def record_failure(self, f: Failure) -> None:
-        """Keep the failure in the runs table: a row of its own before the run started, else the run's."""
+        """Keep the failure in the runs table: a row of its own before the run started, else the run's.
+        A database that cannot take it (the failure may be the database itself) leaves the row
+        ``running``; the next run on this host marks it interrupted (``mark_dead_runs``): said."""
         if self.store is None:
             return
-        if self.run_id is None:
-            self.store.record_failed_run(self.spec.workload, self.req.kind, self.settings.gpu, f.code, str(f))
-        elif self.st is None:
-            self.store.finish_run(self.run_id, "failed", f.code, error=str(f))
-        else:
-            _finish(self.store, self.run_id, self.st, "failed", f.code, error=str(f))
+        try:
+            if self.run_id is None:
+                self.store.record_failed_run(self.spec.workload, self.req.kind, self.settings.gpu, f.code, str(f))
+            elif self.st is None:
+                self.store.finish_run(self.run_id, "failed", f.code, error=str(f))
+            else:
+                try:
+                    _finish(self.store, self.run_id, self.st, "failed", f.code, error=str(f))
+                except Exception as e:  # noqa: BLE001  (the trial counts read the study's storage)
+                    if storage_fault(e) is None:
+                        raise
+                    self.store.finish_run(self.run_id, "failed", f.code, error=str(f))
+        except Exception as e:  # noqa: BLE001  (only a database fault is swallowed, and said)
+            cause = storage_fault(e)
+            if cause is None:
+                raise
+            if self.run_id is not None:  # this process's next run (the daemon's) records it
+                _UNRECORDED.append((self.store.url, self.run_id, f.code, str(f)))
+            f.lines.append(f"  the run could not be recorded as failed in {safe_url(self.url or self.store.url)} "
+                           f"({scrub(error_line(cause), self.url)}): the next run on this host records it")
+
+
+_UNRECORDED: list[tuple[str, str, int, str]] = []
+"""(storage, run id, exit code, error) of runs whose failure the database could not take: the next
+run of this process records them (a daemon outlives its runs, so ``mark_dead_runs``, which waits
+for the process to die, would leave them ``running`` until it stops)."""
+
+
+def _record_unrecorded(store: Store) -> None:
+    for item in [u for u in _UNRECORDED if u[0] == store.url]:
+        _, run_id, code, error = item
+        store.finish_run(run_id, "failed", code, error=error)
+        _UNRECORDED.remove(item)
 
 
 # ---- the pipeline ---------------------------------------------------------------------------------
@@ -284,6 +315,8 @@ def execute(req: RunRequest, settings: Settings | None = None, echo: Echo | None
     result = RunResult(workload=req.workload)
     try:
         spec = check_request(req, settings)
+        if not req.worker:
+            check_recommendation_path(spec, settings)
         if req.if_stale_s is not None and (fresh := freshness(req, spec, settings)):
             result.outcome = "fresh"
             result.say(fresh)
@@ -321,6 +354,12 @@ def _locked(r: _Run, result: RunResult) -> RunResult:
         if r.run_id is None:
             raise
         return result.interrupted(interrupted(r, signame_of(e)))
+    except Exception as e:  # noqa: BLE001  (only a database fault is foreseen here; the rest re-raised)
+        f = storage_failure(r, e)
+        if f is None:
+            raise
+        r.record_failure(f)
+        return result.failed(f)
     result.decision, result.recommendation = decision.decision, path
     for line in summary_lines(decision, payload, outcome):
         result.say(line)
@@ -354,6 +393,16 @@ def freshness(req: RunRequest, spec, settings: Settings) -> str | None:
         return (f"{spec.workload}: fresh (last successful run finished {last}, less than "
                 f"{req.if_stale_s / 3600:g}h ago); nothing to do")
     return None
+
+
+def check_recommendation_path(spec, settings: Settings) -> None:
+    """Where the recommendation goes must take a file: a folder there would refuse the write only
+    after the whole study (exit 4 now, before any server start)."""
+    path = _payload.recommendation_path(recommendations_dir(spec, settings), spec.workload)
+    try:
+        _history.refuse_to_replace(path)
+    except OSError as e:
+        raise _failure(e, f"cannot write {path}: {e.strerror}; nothing was started") from None
 
 
 def check_host(spec, settings: Settings) -> None:
@@ -416,6 +465,7 @@ def prepare(r: _Run) -> None:
         r.store = Store(r.url)
     except StoreError as e:
         raise _failure(e) from None
+    _record_unrecorded(r.store)
     for d in r.store.mark_dead_runs(socket.gethostname(), lambda pid: _recovery.owner_alive({"pid": pid})):
         echo(f"  run {d['run_id']} of {d['workload']} (pid {d['pid']}) had died; marked interrupted")
     r.engine = _registry.for_spec(spec)
@@ -561,6 +611,26 @@ def publish(r: _Run, decision, payload) -> Path:
     return path
 
 
+def storage_failure(r: _Run, e: BaseException) -> Failure | None:
+    """The study's database unusable mid-run (a full disk, a file removed or corrupted, PostgreSQL
+    stopped): the server stopped, exit 3 naming the database (None: ``e`` is no database fault).
+    Every trial finished before it stays in the database; a rerun resumes the study."""
+    cause = storage_fault(e)
+    if cause is None:
+        return None
+    if r.st is not None and r.st.current_server is not None:
+        r.st.current_server.stop()
+    if r.run_id is not None:  # its trial left RUNNING is dead: this process's next run retries it
+        end_run(r.run_id)
+    where = safe_url(r.url) if r.url else "the study's database"
+    if r.run_id is None:  # before the run was recorded: nothing started yet
+        msg = f"database {where} is unusable ({scrub(error_line(cause), r.url)}); nothing was started"
+    else:
+        msg = (f"database {where} became unusable mid-study ({scrub(error_line(cause), r.url)}); the server "
+               f"is stopped, the finished trials are kept in it; rerun to resume once it is usable")
+    return Failure(msg, StoreError(msg))
+
+
 def interrupted(r: _Run, signame: str) -> str:
     """SIGTERM/SIGINT after the run was recorded: the server stopped, this process's running
     trial failed with the reason, the run recorded as interrupted. Returns what to say."""
@@ -589,7 +659,7 @@ def summary_lines(decision, payload: dict, outcome) -> list[str]:
     out += [f"  drift: {note}" for note in payload["drift"]["notes"]]
     out += [f"  {line}" for line in _gate.lines(payload["fidelity"])]
     out.append(f"  {outcome.server_starts} server starts"
-               + (f" ({outcome.interrupted_starts} stopped by a signal, not counted against the budget)"
+               + (f" ({uncounted_note(outcome.trials, noun=False)}, not counted against the budget)"
                   if outcome.interrupted_starts else "") + f", {len(outcome.trials)} trials, {outcome.wall_s:.0f}s")
     return out
 

@@ -2,8 +2,10 @@
 run in a shorter window, and the starts the search leaves for the confirmation.
 
 Server starts are what a study costs (``budget.max_server_starts``). A start stopped by a signal
-(``_record.stopped_by_signal``) measured nothing through no fault of its configuration and does not
-count, so the rerun that resumes the study redoes it without losing a measured one. A run in a
+(``_record.stopped_by_signal``) or whose autotune process died (``_record.died_with_its_process``:
+kill -9, a reboot) measured nothing through no fault of its configuration as far as anyone knows,
+and does not count, so the rerun that resumes the study redoes it without losing a measured one
+(``uncounted``). A run in a
 window shorter than the study (``Pause``: a GPU lease, the scheduler's slot) stops after its
 ``pause_after_starts``, or before a start not expected to end in its ``pause_after_minutes``
 (``expected_start_s``); the next run resumes the same study. The search stops where the
@@ -16,7 +18,8 @@ import time
 from dataclasses import dataclass
 
 from autotune.core._spec import StudySpec
-from autotune.search._record import config_key_of, config_of, role_of, server_starts_of, start_s_of
+from autotune.search._record import (config_key_of, config_of, died_with_its_process, role_of, server_starts_of,
+                                     start_s_of)
 from autotune.search._space import NONE, SearchSpace
 from autotune.search._trials import ROLE_BASELINE, ROLE_SEARCH, stopped_by_signal, stored_trials
 
@@ -74,33 +77,30 @@ class StartBudget:
                    if t.state.name != "WAITING")
 
     def interrupted_starts(self) -> int:
-        """Starts stopped by SIGINT or SIGTERM (``interrupted_by``): someone chose to stop them, so
-        they measured nothing through no fault of their configuration."""
-        return sum(server_starts_of(t) for t in self.study.get_trials(deepcopy=False)
-                   if stopped_by_signal(t))
+        """Starts that measured nothing through no fault of their configuration (``uncounted``)."""
+        return sum(server_starts_of(t) for t in uncounted(self.study.get_trials(deepcopy=False)))
 
     def budget_starts(self) -> int:
         """The starts ``budget.max_server_starts`` counts: all but ``interrupted_starts``, so the
-        rerun that resumes a stopped study redoes the stopped start without losing a measured one
-        (``max_wall_minutes`` bounds what each run spends). A start whose autotune process died
-        still counts: the cause is unknown (the host's OOM killer may answer the configuration), and
-        counting it bounds a crash loop."""
+        rerun that resumes a stopped or killed study redoes that start without losing a measured one
+        (``max_wall_minutes`` bounds what each run spends)."""
         return self.server_starts() - self.interrupted_starts()
 
     def search_trials(self) -> int:
-        return sum(1 for t in self.study.get_trials(deepcopy=False)
+        trials = self.study.get_trials(deepcopy=False)
+        free = {t.number for t in uncounted(trials)}
+        return sum(1 for t in trials
                    if role_of(t) in (ROLE_BASELINE, ROLE_SEARCH)
                    and server_starts_of(t) and t.state.name != "WAITING"
-                   and not stopped_by_signal(t))
+                   and t.number not in free)
 
     # ---- what is left
     def left(self, reserve: int = 0) -> str | None:
         """Why no further start may be made (``reserve``: starts kept for the confirmation), or None."""
         b = self.spec.budget
         if self.budget_starts() + reserve >= b.max_server_starts:
-            n = self.interrupted_starts()
-            return f"server-start budget ({b.max_server_starts}) reached" + (
-                f" ({n} start{'s' * (n > 1)} stopped by a signal not counted)" if n else "")
+            note = uncounted_note(self.study.get_trials(deepcopy=False))
+            return f"server-start budget ({b.max_server_starts}) reached" + (f" ({note} not counted)" if note else "")
         if self.search_trials() >= b.max_trials:
             return f"trial budget ({b.max_trials}) reached"
         if (time.monotonic() - self.t0) / 60 >= b.max_wall_minutes:
@@ -147,6 +147,34 @@ class StartBudget:
             return self.paused_for
         return (f"paused after {self.server_starts() - self.starts_at_open} server starts in this run "
                 f"(pause_after_starts {self.pause.after_starts}); the next run resumes the study")
+
+
+def uncounted(trials) -> list:
+    """The trials whose start does not count against the budget: stopped by SIGINT or SIGTERM
+    (someone chose to stop them), or whose autotune process died, the first such start of each
+    configuration. A configuration whose start dies again counts from then on: it may be what
+    kills the process (the host's OOM killer), and counting it bounds that crash loop."""
+    died: set = set()
+    out = []
+    for t in sorted(trials, key=lambda t: t.number):
+        if stopped_by_signal(t):
+            out.append(t)
+        elif died_with_its_process(t) and config_key_of(t) not in died:
+            died.add(config_key_of(t))
+            out.append(t)
+    return out
+
+
+def uncounted_note(trials, noun: bool = True) -> str:
+    """What ``uncounted`` left out of the budget, in words: ``1 start stopped by a signal``,
+    ``2 starts whose process died``, or both ("" when none; ``noun=False``: ``1 stopped by ...``)."""
+    free = uncounted(trials)
+    parts = []
+    for n, why in ((sum(server_starts_of(t) for t in free if stopped_by_signal(t)), "stopped by a signal"),
+                   (sum(server_starts_of(t) for t in free if not stopped_by_signal(t)), "whose process died")):
+        if n:
+            parts.append(f"{n} {'start' + 's' * (n > 1) + ' ' if noun else ''}{why}")
+    return " and ".join(parts)
 
 
 def start_seconds_of(t) -> float | None:

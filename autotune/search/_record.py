@@ -160,6 +160,15 @@ def stopped_by_signal(t) -> bool:
     return bool(a.get("interrupted_by")) or str(a.get("error") or "").startswith("interrupted by SIG")
 
 
+def died_with_its_process(t) -> bool:
+    """The run that made the trial's start ended during it: its autotune process died (kill -9, the
+    OOM killer, a reboot) or, in a daemon, its database failed mid-trial. A later run's recovery
+    failed it (``_recovery``, ``process_died``; storages written before that mark say it in the
+    error: ``interrupted: its autotune process ... died``)."""
+    a = t.user_attrs
+    return bool(a.get("process_died")) or str(a.get("error") or "").startswith("interrupted: its autotune process")
+
+
 def owner_of(t) -> dict:
     """The process that ran the trial (``engines._recovery.process_identity``); {} when none."""
     return t.user_attrs.get("owner") or {}

@@ -1,7 +1,9 @@
 """What a restart does with the trials of a process that died without cleaning up (``kill -9``, OOM).
 
-A trial whose owner process on this host is gone (``engines._recovery.owner_alive``) or, on any
-host, whose Optuna heartbeat is older than the grace period is marked FAIL with the reason, and
+A trial whose owner process on this host is gone (``engines._recovery.owner_alive``), or whose
+run in this process has ended (``ENDED_RUNS``: a daemon's run ended by its database failing
+mid-trial), or, on any host,
+whose Optuna heartbeat is older than the grace period is marked FAIL with the reason, and
 re-enqueued once (Optuna's RetryHeartbeatStaleTrialCallback shape), so a resumed study neither
 loses it nor measures a finished one twice. The orphaned servers such a process leaves are
 ``engines._recovery``'s.
@@ -9,10 +11,22 @@ loses it nor measures a finished one twice. The orphaned servers such a process 
 
 from __future__ import annotations
 
+import os
 import socket
 
 from autotune.engines._recovery import owner_alive
 from autotune.search._record import owner_of, what_to_run
+
+
+ENDED_RUNS: set[str] = set()
+"""Runs of this process that ended leaving a trial of theirs RUNNING in the storage (the database
+failed mid-trial, so the trial could not be failed): the process outlives them (a daemon), so
+``owner_alive`` cannot tell that those trials are dead; the process's next run recovers them."""
+
+
+def end_run(run_id: str) -> None:
+    """Mark ``run_id`` ended: its trials still RUNNING are dead (``ENDED_RUNS``)."""
+    ENDED_RUNS.add(run_id)
 
 
 def trial_id(study, storage, number: int, study_id: int | None = None) -> int:
@@ -48,16 +62,20 @@ def recover_trials(study, storage, on_failed=None) -> list[int]:
     done = []
     for t in running:
         owner = owner_of(t)
+        mine = owner.get("host") == me and owner.get("pid") == os.getpid() and \
+            t.user_attrs.get("run_id") in ENDED_RUNS
         local_dead = owner.get("host") == me and not owner_alive(owner)
         tid = trial_id(study, storage, t.number, study_id)
-        if not (local_dead or tid in stale):
+        if not (mine or local_dead or tid in stale):
             continue
-        why = ("its autotune process" + (f" (pid {owner.get('pid')} on {owner.get('host')})" if owner else "")
+        where = f" (pid {owner.get('pid')} on {owner.get('host')})" if owner else ""
+        why = (f"its run in this process{where} ended" if mine else "its autotune process" + where
                + (" died" if local_dead else " stopped sending heartbeats"))
         reason = f"interrupted: {why} during the trial; retried"
         try:
             storage.set_trial_user_attr(tid, "error", reason)
             storage.set_trial_user_attr(tid, "interrupted", True)
+            storage.set_trial_user_attr(tid, "process_died", True)  # its start does not count (``_budget``)
             if not storage.set_trial_state_values(tid, state=TrialState.FAIL):
                 continue
         except optuna.exceptions.UpdateFinishedTrialError:

@@ -312,7 +312,7 @@ class Study:
         return self.budget.server_starts()
 
     def interrupted_starts(self) -> int:
-        """Starts stopped by SIGINT or SIGTERM (``StartBudget.interrupted_starts``)."""
+        """Starts stopped by a signal or a dead process (``StartBudget.interrupted_starts``)."""
         return self.budget.interrupted_starts()
 
     def budget_starts(self) -> int:

@@ -508,7 +508,7 @@ def sample_workload(home: str | Path, workload: str, *, spec=None, out: str | Pa
         out = spec.replay.path
     out = Path(out)
     ts_conf = spec.traffic.sample if spec is not None else None
-    n = n or default_n(spec)
+    n = n if n is not None else default_n(spec)  # 0 is refused (sample_rows), never the default
     seed = seed if seed is not None else (ts_conf.seed if ts_conf else 0)
     explicit_hours = window_hours is not _UNSET
     if not explicit_hours:

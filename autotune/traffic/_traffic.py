@@ -64,7 +64,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from autotune.core._files import PRIVATE, AtomicFile, private_dir, write_json
+from autotune.core._files import PRIVATE, AtomicFile, commit_together, private_dir, write_json
 from autotune.core._inputs import input_lines, open_input, read_input, read_lines
 from autotune.core._lock import open_lock_file
 from autotune.core._names import check_workload, child
@@ -618,27 +618,38 @@ class _PoolWriter:
         return True
 
     def commit(self, sources: dict[str, dict]) -> dict[str, Path]:
+        """Every pool and its metadata become current together, or none does (``commit_together``):
+        a failure at the second workload's rename must not leave the first one replaced."""
         out = {}
+        staged = []
         now = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        for workload, (fh, ids, tmp) in self.open.items():
-            pool = tmp.commit()
-            out[workload] = pool
-            mp = meta_path(pool)
-            meta: dict = {}
-            if mp.exists() and not self.replace:
-                with contextlib.suppress(OSError, json.JSONDecodeError):
-                    meta = json.loads(read_input(mp, "manifest"))
-            srcs = meta.get("sources", {}) if isinstance(meta.get("sources"), dict) else {}
-            for path, info in sources.items():
-                if info["workloads"].get(workload):
-                    srcs[path] = {"imported_at": now, "requests": info["workloads"][workload],
-                                  "formats": info["formats"]}
-            total = self.existing[workload] + self.added[workload]
-            write_json_private(mp, {
-                "workload": workload, "requests": total, "updated_at": now, "sources": srcs,
-                "synthetic_requests": self.synthetic[workload],
-                "acceptance_measurable": self.synthetic[workload] == 0,
-            })
+        try:
+            for workload, (_, _, tmp) in self.open.items():
+                pool = tmp.path
+                out[workload] = pool
+                mp = meta_path(pool)
+                meta: dict = {}
+                if mp.exists() and not self.replace:
+                    with contextlib.suppress(OSError, json.JSONDecodeError):
+                        meta = json.loads(read_input(mp, "manifest"))
+                srcs = meta.get("sources", {}) if isinstance(meta.get("sources"), dict) else {}
+                for path, info in sources.items():
+                    if info["workloads"].get(workload):
+                        srcs[path] = {"imported_at": now, "requests": info["workloads"][workload],
+                                      "formats": info["formats"]}
+                total = self.existing[workload] + self.added[workload]
+                meta_file = AtomicFile(mp, PRIVATE)
+                staged += [tmp, meta_file]
+                json.dump({
+                    "workload": workload, "requests": total, "updated_at": now, "sources": srcs,
+                    "synthetic_requests": self.synthetic[workload],
+                    "acceptance_measurable": self.synthetic[workload] == 0,
+                }, meta_file.fh, indent=2, sort_keys=True, default=str)
+                meta_file.write("\n")
+            commit_together(staged)
+        finally:
+            for f in staged:
+                f.abort()  # the metadata temp files of a failed staging (the pools: abort())
         self.open.clear()
         return out
 
