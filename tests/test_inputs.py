@@ -29,12 +29,15 @@ TIMEOUT = 60        # seconds: a refused input takes well under one on the 2-cor
 AS_CAP = 8 * 1024 * MiB   # address space of a command: a regression reading /dev/zero stops here
 RSS_CAP = 400 * MiB  # a refused input, or a bomb read in bounded chunks, stays far below
 
-_LAUNCH = ("import os, resource, runpy\n"
+# the peak of the command's own image: VmHWM, which exec resets (getrusage's ru_maxrss keeps the
+# forked parent's peak across exec, and the test process's grows with the suite)
+_LAUNCH = ("import os, runpy\n"
            "try:\n"
            "    runpy.run_module('autotune', run_name='__main__', alter_sys=True)\n"
            "finally:\n"
+           "    hwm = [ln for ln in open('/proc/self/status') if ln.startswith('VmHWM:')][0].split()[1]\n"
            "    with open(os.environ['AUTOTUNE_TEST_RSS'], 'w') as f:\n"
-           "        f.write(str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))\n")
+           "        f.write(str(int(hwm) * 1024))\n")
 
 
 def _limit():
