@@ -325,8 +325,8 @@ def test_telemetry_scrape_with_a_zero_window_exits_2_naming_it(env, window):
 
 
 @pytest.mark.parametrize("command,code,message", [
-    (["drift", "check", "code"], 2, "{path}: a folder, not a recommendation file; move it away"),
-    (["recommend", "show", "code"], 2, "{path}: a folder, not a recommendation file; move it away"),
+    (["drift", "check", "code"], 2, "{path}: is a folder, not a regular file: refused, not read"),
+    (["recommend", "show", "code"], 2, "{path}: is a folder, not a regular file: refused, not read"),
     (["study", "start", "--workload", "code", "--if-stale", "20h"], 4,
      "cannot write {path}: a folder, not a recommendation file; move it away; nothing was started"),
     (["study", "start", "--workload", "code"], 4,

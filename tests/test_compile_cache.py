@@ -60,5 +60,5 @@ def test_a_bad_cache_setting_is_refused_before_anything_runs(env, tmp_path, monk
     monkeypatch.setenv("AUTOTUNE__VLLM_COMPILE_CACHE", "per-k")
     r = _run("study", "start", "--workload", "code")
     assert r.exit_code == 2
-    assert "AUTOTUNE__VLLM_COMPILE_CACHE: 'per-k'; use per-config or shared" in r.output
+    assert "AUTOTUNE__VLLM_COMPILE_CACHE: 'per-k'; Input should be 'per-config' or 'shared'" in r.output
     assert not (tmp_path / "home").exists()

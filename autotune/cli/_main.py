@@ -71,8 +71,11 @@ def setting_errors(e: Exception) -> str:
     """One line naming each refused ``AUTOTUNE__...`` variable and why."""
     if not hasattr(e, "errors"):
         return str(e)
-    return "; ".join(f"setting AUTOTUNE__{'.'.join(map(str, err['loc'])).upper()}: "
-                     f"{str(err['msg']).removeprefix('Value error, ')}" for err in e.errors())
+    def why(err) -> str:
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        return f"{err['input']!r}; {msg}" if err.get("type") == "literal_error" else msg
+
+    return "; ".join(f"setting AUTOTUNE__{'.'.join(map(str, err['loc'])).upper()}: {why(err)}" for err in e.errors())
 
 
 @click.group(cls=_Main)

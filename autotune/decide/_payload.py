@@ -220,9 +220,6 @@ def load(recommendations_dir: str | Path, workload: str) -> dict:
         rec = json.loads(read_input(p, "recommendation").decode("utf-8"))
     except FileNotFoundError:
         raise FileNotFoundError(f"no recommendation for workload {workload!r} at {p}") from None
-    except IsADirectoryError:
-        raise ValueError(f"{p}: a folder, not a recommendation file; move it away (autotune writes the "
-                         f"workload's recommendation there)") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"{p}:{e.lineno}: not valid JSON ({e.msg}); its history copies are in "
                          f"{Path(recommendations_dir) / 'history' / workload}") from None
