@@ -549,10 +549,10 @@ def welch_df(va: float, df_a: int, vb: float, df_b: int, cap: bool = False) -> f
     plugs in the estimated variances, so when the noisier side has one to three df of its own
     (a speculative winner's two to four confirmation starts against a baseline 5-20x quieter)
     and its few starts happen to agree, its variance is underestimated and the df climb toward
-    the sum at the same moment: the interval is too narrow twice over. Measured
-    (benchmarks/decisions.py): false change 2.0-2.4% uncapped, 1.8-2.0% capped at 2% / 10%,
-    1% / 20% and 0.5% / 8% noise, while power at equal 6% noise stays 83-85% (Hsu's
-    conservative minimum, ``min(df_a, df_b)``, cost 20 points of it)."""
+    the sum at the same moment: the interval is too narrow twice over. The cap trades the two
+    targets of docs/decisions.md (benchmarks/decisions.py, nothing deployed): at 2x, false
+    change 1.9-2.8% at 0.5% / 8% and 2% / 10% noise and power at equal 6% noise 83-86%; at 1.5x,
+    1.8-2.5% and 80-82%; Hsu's conservative minimum, ``min(df_a, df_b)``, 1.0-1.8% and 65%."""
     den = va * va / df_a + vb * vb / df_b
     df = max(min(df_a, df_b), (va + vb) ** 2 / den) if den > 0 else float(df_a + df_b)
     return min(df, WELCH_CAP * min(df_a, df_b)) if cap else df
