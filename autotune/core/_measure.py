@@ -487,10 +487,20 @@ class LogRatioCI(_Interval):
     n_b: int
     df: int
     sd: float
+    label: float | None = None
+    """What the interval promises where that is not ``confidence``: a look of a sequential
+    confirmation is computed at its share of the error (``confidence``, e.g. 98.4%), and the
+    intervals of all its looks together hold the truth with ``label`` (95%): a repeated
+    confidence interval, honest whichever look stopped."""
+
+    @property
+    def stated(self) -> float:
+        """The confidence the interval is reported with."""
+        return self.confidence if self.label is None else self.label
 
     def to_dict(self) -> dict:
-        return {"speedup": self.ratio, "ci": [self.low, self.high], "confidence": self.confidence,
-                "starts": [self.n_a, self.n_b], "df": self.df, "sd_log": self.sd}
+        return {"speedup": self.ratio, "ci": [self.low, self.high], "confidence": self.stated,
+                "look_confidence": self.confidence, "starts": [self.n_a, self.n_b], "df": self.df, "sd_log": self.sd}
 
 
 def start_ratio_ci(a: Sequence[float], b: Sequence[float], noise: StartNoise,
@@ -500,7 +510,7 @@ def start_ratio_ci(a: Sequence[float], b: Sequence[float], noise: StartNoise,
     of freedom. ``noise_b``: ``b``'s own variance where the two sides vary differently (a
     speculative config against no speculation: on the H200 the baseline repeats within 0.5%,
     an n-gram config moves 8%): the standard error is then Welch's, on the Welch-Satterthwaite
-    degrees of freedom. Without degrees of freedom the interval is (0, inf): nothing is known
+    degrees of freedom, capped (``welch_df``). Without degrees of freedom the interval is (0, inf): nothing is known
     about the start-to-start variance, so nothing is concluded. Raises ValueError for an empty
     side."""
     if not 0.0 < confidence < 1.0:
@@ -518,7 +528,7 @@ def start_ratio_ci(a: Sequence[float], b: Sequence[float], noise: StartNoise,
 
     va, vb = noise.ss / noise.df / xa.size, nb.ss / nb.df / xb.size
     se = math.sqrt(va + vb)
-    df = float(noise.df) if (nb.ss, nb.df) == (noise.ss, noise.df) else welch_df(va, noise.df, vb, nb.df)
+    df = float(noise.df) if (nb.ss, nb.df) == (noise.ss, noise.df) else welch_df(va, noise.df, vb, nb.df, cap=True)
     sd = se / math.sqrt(1.0 / xa.size + 1.0 / xb.size)  # the one per-start sd that gives this se
     q = float(student_t.ppf(1.0 - (1.0 - confidence) / 2.0, df))
     # an early look spends almost no error: on one df its t quantile can pass exp's range (an
@@ -528,12 +538,24 @@ def start_ratio_ci(a: Sequence[float], b: Sequence[float], noise: StartNoise,
                       int(xa.size), int(xb.size), int(df), sd)
 
 
-def welch_df(va: float, df_a: int, vb: float, df_b: int) -> float:
+WELCH_CAP = 2.0
+"""The decision's Welch degrees of freedom are at most this many times the smaller side's own."""
+
+
+def welch_df(va: float, df_a: int, vb: float, df_b: int, cap: bool = False) -> float:
     """Welch-Satterthwaite degrees of freedom of ``va + vb``, two variance estimates (of the
     means) on ``df_a`` and ``df_b`` degrees of freedom; between the smaller of the two and their
-    sum."""
+    sum. ``cap``: at most ``WELCH_CAP`` times the smaller, for intervals. Why: the formula
+    plugs in the estimated variances, so when the noisier side has one to three df of its own
+    (a speculative winner's two to four confirmation starts against a baseline 5-20x quieter)
+    and its few starts happen to agree, its variance is underestimated and the df climb toward
+    the sum at the same moment: the interval is too narrow twice over. The cap trades the two
+    targets of docs/decisions.md (benchmarks/decisions.py, nothing deployed): at 2x, false
+    change 1.9-2.8% at 0.5% / 8% and 2% / 10% noise and power at equal 6% noise 83-86%; at 1.5x,
+    1.8-2.5% and 80-82%; Hsu's conservative minimum, ``min(df_a, df_b)``, 1.0-1.8% and 65%."""
     den = va * va / df_a + vb * vb / df_b
-    return max(min(df_a, df_b), (va + vb) ** 2 / den) if den > 0 else float(df_a + df_b)
+    df = max(min(df_a, df_b), (va + vb) ** 2 / den) if den > 0 else float(df_a + df_b)
+    return min(df, WELCH_CAP * min(df_a, df_b)) if cap else df
 
 
 def error_spending(alpha: float, looks: int) -> list[float]:

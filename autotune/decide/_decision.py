@@ -17,7 +17,8 @@ import datetime as dt
 from dataclasses import dataclass
 
 from autotune.core import _measure
-from autotune.decide._noise import PRECISION, _ci, _comparisons, _fmt_ci, _noise_evidence, _plan, _precise, contenders
+from autotune.decide._noise import (FUTILITY_POWER as FUTILITY, PRECISION, _ci, _comparisons, _fmt_ci, _label,
+                                    _noise_evidence, _plan, _precise, contenders, futility)
 from autotune.search._levels import profile_groups
 from autotune.search._record import StudyRecord
 from autotune.search._space import NONE, canonical, label
@@ -172,14 +173,15 @@ def _decide(study: StudyRecord, history: list[dict] | None = None) -> Decision:
                   "this study's repeated starts of its configs (no prior); Welch's interval where the classes "
                   "differ; the error spent over the planned looks (O'Brien-Fleming shape)",
         "comparison": None, "baseline": _side(baseline, statistic, c["B"]),
-        "min_gain": gain, "confidence": c["confidence"], "stated_confidence": spec.guards.confidence,
+        "min_gain": gain, "confidence": spec.guards.confidence, "look_confidence": c["confidence"],
+        "stated_confidence": spec.guards.confidence,
         "looks": c["looks"], "look": c["look"],
         "noise": _noise_evidence(c),
         "plan": _plan(c, deployed, (1.0 - spec.guards.confidence) / 2.0),
         "starts": {"baseline": len(c["B"]), "incumbent": len(c["I"]) if deployed else None,
                    "winner": len(c["W"]) if best is not None else None},
         "confirmation": {"fresh_requests": conf_info.get("fresh_requests"), "rounds": conf_info.get("rounds"),
-                         "skipped": conf_info.get("skipped")},
+                         "skipped": conf_info.get("skipped"), "order": conf_info.get("order")},
     }
     if profile_groups(baseline):  # a concurrency profile: each start's traffic-weighted per-level statistic
         evidence["objective"] = "traffic-weighted per-level " + statistic
@@ -189,12 +191,33 @@ def _decide(study: StudyRecord, history: list[dict] | None = None) -> Decision:
         evidence["incumbent"]["config"] = inc
         evidence["incumbent_vs_none"] = ci_in.to_dict() if ci_in else None
     keep_cfg = inc if deployed else None
+    threshold = 1.0 + gain
+    futile: dict = {}
+
+    def still_open(question: str, ref: str, cand: str, bound: float, upward: bool = True) -> bool:
+        """An open question stays open unless the rounds left cannot plausibly settle it
+        (``_noise.futility``, non-binding: it only ends confirmation early, as ``keep``)."""
+        f = futility(c, ref, cand, bound, upward)
+        if f is not None:
+            futile[question] = f
+        return not (f and f["stopped"])
 
     def keep(code: str, why: str, open_: bool = False) -> Decision:
+        stopped = bool(futile) and not open_ and any(f["stopped"] for f in futile.values())
+        if futile:
+            evidence["futility"] = {**futile, "stopped": stopped}
+        if stopped:
+            cp = max(f["conditional_power"] for f in futile.values() if f["stopped"])
+            why += (f"; confirmation stopped at look {c['look']} of {c['looks']}: at the trend so far the rounds "
+                    f"left would settle it in {cp:.0%} of nights (futility bound {FUTILITY:.0%})")
+            code = f"futile after {starts_used()} starts"
         evidence["keep_reason"] = code
         evidence["open"] = open_
         tail = "; keep the deployed config" if deployed else "; keep serving without speculation"
         return Decision("keep", why + tail, keep_cfg, evidence)
+
+    def starts_used() -> int:
+        return len(c["B"]) + len(c["W"]) + (len(c["I"]) if deployed else 0)
 
     def disable_or(code: str, why: str, open_: bool = False) -> Decision:
         """``disable`` when the incumbent is shown slower than no speculation, else keep. Still
@@ -206,7 +229,8 @@ def _decide(study: StudyRecord, history: list[dict] | None = None) -> Decision:
             return Decision("disable", f"{why}; {evidence['disable_because']}; disable the deployed speculation",
                             inc, evidence)
         if ci_in is not None:
-            open_ = open_ or ci_in.ratio < 1.0
+            open_ = open_ or (ci_in.ratio < 1.0 and (ci_in.wholly_below(1.0)
+                                                    or still_open("disable", "B", "I", 1.0, upward=False)))
             why += (f"; the deployed config is slower than no speculation, but on too few starts to say by how "
                     f"much ({_fmt_ci(ci_in)})" if ci_in.wholly_below(1.0) else
                     f"; the deployed config is not shown slower than no speculation ({_fmt_ci(ci_in)})")
@@ -263,37 +287,39 @@ def _decide(study: StudyRecord, history: list[dict] | None = None) -> Decision:
     guard_fail = _guard_failure(spec.guards, evidence)
     if guard_fail:
         return disable_or("guard", f"best candidate {label} fails a guard: {guard_fail}")
-    threshold = 1.0 + gain
-    starts_used = len(c["B"]) + len(c["W"]) + (len(c["I"]) if deployed else 0)
+    ref_side = "I" if deployed else "B"
     if vs.df <= 0:
         return disable_or("noise unmeasured", f"{label} vs {ref_name}: {_fmt_ci(vs)}; the {c['classes']['W']} "
                                               "configurations' start-to-start noise is not measured yet (the "
-                                              "winner needs two confirmation starts); inconclusive", open_=True)
+                                              "winner needs two confirmation starts); inconclusive",
+                          open_=still_open("change", ref_side, "W", threshold))
     # never a change to something slower than turning speculation off: against a deployed config,
     # the winner must also be shown faster than no speculation, at the same confidence
     beats_none = not deployed or (vs_none is not None and vs_none.wholly_above(1.0))
     if vs.wholly_above(threshold) and beats_none:
         if not (_precise(vs) and (not deployed or _precise(vs_none))):
-            return disable_or(f"imprecise after {starts_used} starts",
+            return disable_or(f"imprecise after {starts_used()} starts",
                               f"{label} is faster than {ref_name} ({_fmt_ci(vs)}), but the interval is wider than "
                               f"{PRECISION:g}x either way of its estimate: too few starts to state the gain",
                               open_=True)
         why = (f"{label} is {vs.ratio:.2f}x faster in {statistic} TPOT than {ref_name} "
-               f"({vs.confidence:.1%} CI {vs.low:.2f}-{vs.high:.2f}, {vs.n_b} vs {vs.n_a} confirmation starts, "
+               f"({_label(vs)} {vs.low:.2f}-{vs.high:.2f}, {vs.n_b} vs {vs.n_a} confirmation starts, "
                f"{vs.df} df" + (f", min_gain {gain:.0%}" if gain else "") + ")")
         evidence["open"] = False
         return Decision("change", why, cfg, evidence)
     if vs.wholly_above(threshold):  # faster than the deployed config, not shown faster than none
-        settled = vs_none is not None and vs_none.high <= 1.0
+        settled = vs_none is None or vs_none.high <= 1.0
         return disable_or("not faster than no speculation",
                           f"best candidate {label} is faster than {ref_name} ({_fmt_ci(vs)}) but not shown faster "
-                          f"than no speculation ({_fmt_ci(vs_none)})", open_=not settled)
+                          f"than no speculation ({_fmt_ci(vs_none)})",
+                          open_=not settled and still_open("change", "B", "W", 1.0))
     if vs.high <= threshold:
         return disable_or("not faster", f"best candidate {label} is not faster than {ref_name} by more than "
                                         f"{gain:.0%} ({_fmt_ci(vs)})")
-    return disable_or(f"inconclusive after {starts_used} starts",
-                      f"inconclusive after {starts_used} confirmation starts: {label} vs {ref_name} "
-                      f"{_fmt_ci(vs)}, the interval straddles {threshold:.2f}", open_=True)
+    return disable_or(f"inconclusive after {starts_used()} starts",
+                      f"inconclusive after {starts_used()} confirmation starts: {label} vs {ref_name} "
+                      f"{_fmt_ci(vs)}, the interval straddles {threshold:.2f}",
+                      open_=still_open("change", ref_side, "W", threshold))
 
 
 def drafts_short(trials) -> dict | None:

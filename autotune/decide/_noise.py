@@ -13,6 +13,7 @@ error rates: docs/decisions.md.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -175,7 +176,7 @@ def _comparisons(study: StudyRecord, history, best) -> dict:
     spend = _measure.error_spending(alpha, looks)
     conf = 1.0 - 2.0 * spend[look - 1]
     return {"own": own, "prior": prior["all"], "noise": own, "by_class": by_class, "looks": looks, "look": look,
-            "spent": sum(spend[:look]), "confidence": conf, "B": b, "I": i, "W": w, "stat": stat,
+            "spent": sum(spend[:look]), "spent_per_look": spend, "confidence": conf, "stated": spec.guards.confidence, "B": b, "I": i, "W": w, "stat": stat,
             "samples": samples, "classes": {"B": "none", "I": noise_class(inc_key), "W": noise_class(win_key)},
             "logs": {k: start_log_values(v, stat) for k, v in (("B", b), ("I", i), ("W", w))}}
 
@@ -224,7 +225,55 @@ def _ci(c: dict, ref: str, cand: str):
     if not a or not b:
         return None
     na, nb = (c["by_class"][c["classes"][x]]["noise"] for x in (ref, cand))
-    return _measure.start_ratio_ci(a, b, na, c["confidence"], noise_b=nb)
+    ci = _measure.start_ratio_ci(a, b, na, c["confidence"], noise_b=nb)
+    return dataclasses.replace(ci, label=c["stated"])
+
+
+FUTILITY_POWER = 0.10
+"""Confirmation stops early for futility when the chance that the planned rounds left would
+still settle the question, at the trend measured so far, falls below this."""
+
+
+def _futility_sd(c: dict, cls: str) -> float | None:
+    """The start-to-start sd the futility bound uses for a class: the smallest figure known for it
+    (this study's own starts, its prior), or, where it has neither, the smallest of the other
+    class's. The smallest, because a larger figure stops more nights whose gain is real: with the
+    plan's figure (own and prior pooled) and a prior twice the truth, power at a true 20% gain
+    fell to 75%; with the smallest it stays at 83% (benchmarks/decisions.py)."""
+    own = c["by_class"][cls]
+    pool = [own] if own["own"].df > 0 or own["prior"].df > 0 else list(c["by_class"].values())
+    figs = [n.sd for d in pool for n in (d["own"], d["prior"]) if n.df > 0]
+    return min(figs) if figs else None
+
+
+def futility(c: dict, ref: str, cand: str, threshold: float, upward: bool = True) -> dict | None:
+    """Conditional power of one question at this look: the chance that the rounds left until the
+    last planned look would still show ``cand`` faster than ``ref`` by more than ``threshold``
+    (``upward``; else slower than ``threshold``), if the trend measured so far is the truth
+    (Lan, Simon and Halperin's stochastic curtailment on the B-value scale: with information
+    fraction ``t``, ``CP = 1 - Phi((z_L - Z_t / sqrt(t)) / sqrt(1 - t))``, ``z_L`` the last look's
+    boundary). Non-binding: stopping for it turns an open question into ``keep``, never into a
+    ``change`` or ``disable``, so it cannot raise either error, whatever noise figure it uses;
+    it uses the smallest the study knows, which exists from the first round (``_futility_sd``).
+    None at the last look, or where no noise figure is known."""
+    from scipy.stats import norm
+
+    looks, look = c["looks"], c["look"]
+    a, b = c["logs"][ref], c["logs"][cand]
+    if look >= looks or not a or not b:
+        return None
+    sa, sb = _futility_sd(c, c["classes"][ref]), _futility_sd(c, c["classes"][cand])
+    if sa is None or sb is None or not (sa > 0 or sb > 0):
+        return None
+    left = looks - look
+    se = math.sqrt(sa ** 2 / len(a) + sb ** 2 / len(b))
+    se_last = math.sqrt(sa ** 2 / (len(a) + left) + sb ** 2 / (len(b) + left))
+    d = sum(a) / len(a) - sum(b) / len(b) - math.log(threshold)
+    z = (d if upward else -d) / se
+    t = (se_last / se) ** 2
+    alpha = c["spent_per_look"][-1]
+    cp = float(1.0 - norm.cdf((norm.ppf(1.0 - alpha) - z / math.sqrt(t)) / math.sqrt(1.0 - t)))
+    return {"conditional_power": cp, "look": look, "looks": looks, "stopped": cp < FUTILITY_POWER}
 
 
 def _noise_evidence(c: dict) -> dict:
@@ -266,7 +315,7 @@ def _plan(c: dict, deployed: bool, alpha: float) -> dict:
         elif rounds < 2:
             return 0.0
         else:
-            df = _measure.welch_df(sd["none"] ** 2 / rounds, rounds, sd["speculative"] ** 2 / rounds, rounds - 1)
+            df = _measure.welch_df(sd["none"] ** 2 / rounds, rounds, sd["speculative"] ** 2 / rounds, rounds - 1, cap=True)
         return _measure.detect_power(effect, sd[ref], sd["speculative"], rounds, df, a)
 
     p = power(c["looks"])
@@ -287,4 +336,12 @@ def _fmt_ci(ci) -> str:
     if ci is None:
         return "not measured"
     hi = "inf" if math.isinf(ci.high) else f"{ci.high:.2f}"
-    return f"{ci.ratio:.2f}x, {ci.confidence:.1%} CI {ci.low:.2f}-{hi}, {ci.n_a} vs {ci.n_b} starts, {ci.df} df"
+    return f"{ci.ratio:.2f}x, {_label(ci)} {ci.low:.2f}-{hi}, {ci.n_a} vs {ci.n_b} starts, {ci.df} df"
+
+
+def _label(ci) -> str:
+    """"95% CI" for a plain interval; for a look of the sequential confirmation, what all its
+    looks promise together and this look's share."""
+    if ci.label is None or ci.label == ci.confidence:
+        return f"{ci.confidence:.1%} CI"
+    return f"{ci.label:.0%} CI (repeated: {ci.confidence:.1%} at this look)"

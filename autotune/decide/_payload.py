@@ -68,7 +68,8 @@ def comparison_lines(ev: dict) -> list[str]:
                        "prior: record this machine's noise in objective.start_noise (benchmarks/start_noise.py)")
     plan = ev.get("plan") or {}
     if plan.get("looks"):
-        out.append(f"look {plan['look']} of {plan['looks']} planned: {plan['confidence']:.2%} intervals, "
+        out.append(f"look {plan['look']} of {plan['looks']} planned: {plan['confidence']:.2%} at this look "
+                   f"(all looks together: {_pct(ev.get('confidence', 0.95))}), "
                    f"{plan['alpha_spent']:.2%} of the one-sided error spent"
                    + (f"; a true 20% gain would be seen in about {plan['power_at_20pct']:.0%} of nights"
                       if plan.get("power_at_20pct") is not None else ""))

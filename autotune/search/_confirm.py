@@ -5,21 +5,52 @@ The search picked its winner on one start, which favours a lucky start (the winn
 the decision uses none of the search's starts: ``confirm_starts`` fresh starts each of the
 no-speculation baseline, the deployed incumbent (when it is not the winner) and the winner, on
 the confirmation requests, interleaved round by round so that slow drift of the host hits each
-side alike; then, while the decision is still open (``Confirmation.open``, asked by the caller
+side alike, in a random order (``round_order``); then, while the decision
+is still open (``Confirmation.open``, asked by the caller
 that decides: ``decide._decision.open_question``), more rounds up to ``confirm_max_starts``. The looks
 the budget allows are fixed before the first confirmation start and kept in the study for a
 resumed run: the decision spends its error over exactly these (``decide._noise.planned_looks``).
 Each round's start of a side claims its slot (``confirm/<round>/<config key>``), so a resumed run
 or another worker never repeats one.
+
+Why a random order: a GPU's starts are not independent of what ran before them (on an H100 a
+speculative config's second start ran 3-25% faster than its first; a start after a speculative
+start can run 1-2% faster). A fixed order (baseline, incumbent, winner) puts the same side after
+the same neighbour every round, so such an effect becomes a bias that no variance shows; drawn
+at random (in mirrored pairs of rounds, ``round_order``) it averages out and what is left of it
+shows in the start-to-start variance.
+The order comes from the spec's seed and the study's name (kept by a resumed run, which draws the
+same order again), and each start stores its round and place (``confirm_round``,
+``confirm_position``).
 """
 
 from __future__ import annotations
 
-from typing import Callable
+import random
+from typing import Callable, Sequence, TypeVar
 
 from autotune.search._record import bands_of, claim_key_of, config_key_of, confirm_looks_of
 from autotune.search._space import NONE, canonical
 from autotune.search._trials import ROLE_CONFIRM
+
+T = TypeVar("T")
+
+
+def round_order(seed: str, round_index: int, sides: Sequence[T]) -> list[T]:
+    """``sides`` in the order round ``round_index`` starts them: rounds come in mirrored pairs, a
+    uniformly random permutation drawn from ``seed`` (the spec's seed and the study's name) and
+    the pair alone, then its reverse, so a resumed run or another worker draws the same order, and
+    every night's study its own. The pair balances a linear drift of the host exactly, and puts
+    a side after itself at the pair's seam: the baseline, the one side that is not speculative,
+    otherwise follows a speculative start in 8 of 9 starts against 5 of 9 for the others, and a
+    start right after a speculative one can run faster (a carry-over: at 1% start-to-start noise
+    and a 2% carry-over, false disable fell from 2.6% to 0.4% and false change from 4.2% to 1.1%,
+    benchmarks/decisions.py)."""
+    if round_index % 2:
+        return round_order(seed, round_index - 1, sides)[::-1]
+    out = list(sides)
+    random.Random(f"{seed}/confirm/{round_index}").shuffle(out)
+    return out
 
 
 class Confirmation:
@@ -81,11 +112,14 @@ class Confirmation:
         looks = self.looks(study, len(sides))
         self.record["looks"] = looks
         most = max(n, min(most, looks))  # confirm_starts rounds are tried whatever the budget (and say so)
+        seed = f"{spec.seed}/{study.name}"
         for i in range(most):
             done = all(len(study.trials(role=ROLE_CONFIRM, config_key=key)) > i for _, key, _ in sides)
             if not done and i >= n and not (self.open is not None and self.open()):
                 break  # the decision is settled (or nobody asks): no further round
-            for params, key, attrs in sides:
+            ordered = round_order(seed, i, sides)
+            self.record.setdefault("order", []).append([key for _, key, _ in ordered])
+            for pos, (params, key, attrs) in enumerate(ordered):
                 have = study.trials(role=ROLE_CONFIRM, config_key=key)
                 slot = f"confirm/{i}/{key}"
                 if len(have) > i or any(claim_key_of(t) == slot for t in have):
@@ -100,5 +134,6 @@ class Confirmation:
                     else:
                         self.record["stopped"] = f"server-start budget spent after {i} rounds"
                     return
-                study._run_enqueued(params, ROLE_CONFIRM, claim_key=slot, attrs=attrs)
+                study._run_enqueued(params, ROLE_CONFIRM, claim_key=slot,
+                                    attrs={**(attrs or {}), "confirm_round": i, "confirm_position": pos})
             self.record["rounds"] = i + 1
