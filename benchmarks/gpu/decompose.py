@@ -147,11 +147,24 @@ def fit(rows: list[dict], level: str, trend: str = "clock", split_first: bool | 
         se = math.sqrt(cov[i, i])
         b = float(beta[i])
         terms[name] = {"ratio": math.exp(b), "lo": math.exp(b - t * se), "hi": math.exp(b + t * se),
-                       "log": b, "se": se, "p": float(2 * stats.t.sf(abs(b / se), df)) if se > 0 else None}
+                       "log": b, "se": se, "p": float(2 * stats.t.sf(abs(b / se), df)) if se > 0 else None,
+                       "vif": vif(X, i)}
     lo, hi = _ci_sd(s2, df)
     return {"level": level, "n": n, "p": p, "df": df, "base": base, "trend": trend, "terms": terms,
             "residual_sd": math.sqrt(s2), "residual_sd_ci": [lo, hi],
             "residuals": {f"{r['_index']}:{config_name(r)}": round(float(e), 4) for r, e in zip(rows, resid)}}
+
+
+def vif(X: np.ndarray, j: int) -> float:
+    """Variance inflation of column ``j``: 1 / (1 - R^2) of it on the other columns. Above about 10
+    the design cannot tell that term from the others (a grid measured pass after pass puts every
+    first start before every repeat, so the first start and the trend are one column)."""
+    others = np.delete(X, j, axis=1)
+    coef, *_ = np.linalg.lstsq(others, X[:, j], rcond=None)
+    res = X[:, j] - others @ coef
+    tot = X[:, j] - X[:, j].mean()
+    r2 = 1 - float(res @ res) / float(tot @ tot) if float(tot @ tot) > 0 else 1.0
+    return math.inf if r2 >= 1 else 1 / (1 - r2)
 
 
 def by_first(rows: list[dict], level: str) -> dict:
@@ -250,7 +263,8 @@ def table(res: dict, names: dict[str, str]) -> str:
         cells = []
         for lv in levels:
             t = res["levels"][lv]["model"]["terms"].get(term)
-            cells.append(_fmt(t) + (f" p={t['p']:.2g}" if t and t.get("p") is not None else "") if t else "-")
+            cells.append(_fmt(t) + (f" p={t['p']:.2g}" if t.get("p") is not None else "")
+                         + (f" VIF {t['vif']:.0f}: confounded" if t["vif"] > 10 else "") if t else "-")
         lines.append(f"| {nice} | " + " | ".join(cells) + " |")
     cells = []
     for lv in levels:
