@@ -60,8 +60,14 @@ trap 'sync_out; kill $SYNC 2>/dev/null' EXIT
 log() { echo "[round +$(( $(date +%s) - T0 ))s] $*" | tee -a $R/results/round.log; }
 
 export_trials() {
-  python3 benchmarks/gpu/export_study.py sqlite:///$R/autotune.db $R/results/trials.jsonl > $R/results/trials.txt 2>&1
-  cp $R/autotune.db $R/results/autotune.db 2>/dev/null
+  # every study storage of the round (the specs name their own: autotune.db, autotune-smollm2.db)
+  : > $R/results/trials.jsonl; : > $R/results/trials.txt
+  for db in $R/autotune*.db; do
+    [ -f "$db" ] || continue
+    python3 benchmarks/gpu/export_study.py sqlite:///$db $R/results/trials-part.jsonl >> $R/results/trials.txt 2>&1
+    cat $R/results/trials-part.jsonl >> $R/results/trials.jsonl 2>/dev/null; rm -f $R/results/trials-part.jsonl
+    cp "$db" $R/results/ 2>/dev/null
+  done
   mkdir -p $R/results/recommendations && cp $R/recommendations/*.json $R/results/recommendations/ 2>/dev/null
   # each trial's server log: the lines on CUDA graphs, compile, drafter, fallbacks, errors; whole logs gzipped
   mkdir -p $R/results/logs
