@@ -308,7 +308,7 @@ def _decide(study: StudyRecord, history: list[dict] | None = None) -> Decision:
         evidence["open"] = False
         return Decision("change", why, cfg, evidence)
     if vs.wholly_above(threshold):  # faster than the deployed config, not shown faster than none
-        settled = vs_none is None or vs_none.high <= 1.0
+        settled = vs_none is not None and vs_none.high <= 1.0
         return disable_or("not faster than no speculation",
                           f"best candidate {label} is faster than {ref_name} ({_fmt_ci(vs)}) but not shown faster "
                           f"than no speculation ({_fmt_ci(vs_none)})",
