@@ -547,18 +547,15 @@ def targets(rows) -> dict:
     def check(name, ok, text):
         checks.append({"target": name, "met": bool(ok), "text": text})
 
-    if fc:
-        w = max(fc, key=lambda r: (r["change_rate"], r["change_upper_95"]))
-        wu = max(fc, key=lambda r: r["change_upper_95"])
-        check("false_change", w["change_rate"] <= TARGET_RATE and wu["change_upper_95"] <= TARGET_BOUND,
-              f"false change: at most {w['change_rate']:.1%} ({_where(w)}, {w['nights']} nights), upper bound at "
-              f"most {wu['change_upper_95']:.1%} ({_where(wu)}); target 2.5%, bound 3.5%")
-    if fd:
-        w = max(fd, key=lambda r: (r["disable_rate"], r["disable_upper_95"]))
-        wu = max(fd, key=lambda r: r["disable_upper_95"])
-        check("false_disable", w["disable_rate"] <= TARGET_RATE and wu["disable_upper_95"] <= TARGET_BOUND,
-              f"false disable: at most {w['disable_rate']:.1%} ({_where(w)}), upper bound at most "
-              f"{wu['disable_upper_95']:.1%} ({_where(wu)}); target 2.5%, bound 3.5%")
+    for name, what, cells in (("false_change", "change", fc), ("false_disable", "disable", fd)):
+        if not cells:
+            continue
+        rate, bound = f"{what}_rate", f"{what}_upper_95"
+        w = max(cells, key=lambda r: (r[rate], r[bound]))
+        wu = max(cells, key=lambda r: r[bound])
+        check(name, w[rate] <= TARGET_RATE and wu[bound] <= TARGET_BOUND,
+              f"false {what}: at most {w[rate]:.1%} ({_where(w)}, {w['nights']} nights), upper bound at "
+              f"most {wu[bound]:.1%} ({_where(wu)}); target 2.5%, bound 3.5%")
     if cov:
         lo = min(cov, key=lambda r: r["coverage"] - r["coverage_label"])
         hi = max(cov, key=lambda r: r["coverage"] - r["coverage_label"])
