@@ -216,7 +216,7 @@ def known_losers(observations: Sequence[Observation], weights: dict[int, float] 
         if not ratios:
             continue
         worst.setdefault(cost_key(o.config), []).append(min(ratios))
-    return {ck: f"{ck.split(':')[0]} (every start {min(rs):.1f}x or more the baseline's TPOT at every level)"
+    return {ck: f"{ck.split('|')[0].split(':')[0]} (every start {min(rs):.1f}x or more the baseline's TPOT at every level)"
             for ck, rs in worst.items() if min(rs) >= ratio}
 
 

