@@ -4,6 +4,7 @@ for a vLLM that has, and one that lacks, each method and field."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -238,3 +239,107 @@ def test_an_optuna_trial_suggests_an_entry_s_knobs(spec_path):
             assert cfg["dspark_draft_topk"] in (4, 8)
             seen.add(cfg["enable_adaptive_verification"])
     assert seen == {False, True}
+
+
+# --------------------------------------------------------------------------- the search
+
+
+def _dspark(k: int, adaptive: bool | None = None) -> dict:
+    cfg = {"method": "dspark", "num_speculative_tokens": k, "model": "/m/dspark-drafter"}
+    if adaptive is not None:
+        cfg["enable_adaptive_verification"] = adaptive
+    return cfg
+
+
+def _totals_only(o):
+    """What a vLLM that counts drafts and accepted tokens but no positions reports."""
+    from autotune.search._observations import Observation
+
+    strip = {"accepted_per_position": [], "per_position_rates": []}
+    levels = {L: type(lv)(lv.value, {**lv.delta, **strip} if lv.delta else None, lv.requests)
+              for L, lv in o.levels.items()}
+    return Observation(config=o.config, levels=levels, delta={**o.delta, **strip}, requests=o.requests)
+
+
+def test_a_new_drafter_method_gets_k_max_then_its_knee_then_predictions():
+    from _synthetic import Workload
+
+    from autotune.search._policy import KNEE_SHARE, next_step
+    from autotune.search._space import knee
+
+    rates = [0.85 * 0.7 ** i for i in range(8)]
+    w = Workload(rates=rates, coverage=1.0, overhead=2.0, per_k=0.8)
+    cands = [_dspark(k) for k in range(1, 9)]
+    obs, steps = [], []
+    for _ in range(8):
+        st = next_step(obs, cands, weights={4: 1.0})
+        if st.action != "measure":
+            break
+        steps.append(st)
+        obs.append(w.observe(st.config))
+    ks = [c["num_speculative_tokens"] if (c := s.config) else 0 for s in steps]
+    assert ks[:3] == [0, 8, knee(rates, KNEE_SHARE)] and "acceptance knee" in steps[2].reason
+    assert all(s.prediction is not None for s in steps[3:])  # the predictor judges a drafter it has counters for
+    # without generated tokens to tell the coverage: a model drafter drafts at every step (1), an
+    # n-gram lookup's coverage is unknown (a range)
+    from autotune.search._acceptance import UNKNOWN_COVERAGE, acceptance_of
+    from autotune.search._observations import Observation
+    top = obs[1]
+    blind = Observation(config=top.config, levels={}, delta={**top.delta, "generated_tokens": None}, requests=None)
+    assert acceptance_of([blind], "dspark").coverage == (1.0, 1.0, 1.0)
+    assert acceptance_of([blind], "qwen3_next_mtp").coverage == (1.0, 1.0, 1.0)
+    assert acceptance_of([blind], "ngram").coverage == UNKNOWN_COVERAGE
+
+
+def test_a_method_with_totals_only_gets_k_max_then_a_knee_and_no_prediction():
+    from _synthetic import Workload, ngram
+
+    from autotune.search._policy import next_step
+
+    rates = [0.8 * 0.6 ** i for i in range(8)]  # about 1.8 accepted tokens per drafted step at K=8
+    w = Workload(rates=rates, coverage=1.0, overhead=2.0, per_k=0.8)
+    cands = [_dspark(k) for k in range(1, 9)]
+    obs = [w.observe(None), _totals_only(w.observe(_dspark(8)))]
+    st = next_step(obs, cands, weights={4: 1.0})
+    a = obs[1].delta["accepted_tokens"] / obs[1].delta["drafts"]
+    assert st.action == "measure" and st.config["num_speculative_tokens"] == math.ceil(a / 0.9) < 8
+    assert "no per-position counters" in st.reason
+    obs.append(_totals_only(w.observe(st.config)))
+    # nothing to predict from: no prediction is claimed, the search hands over to the sampler
+    st = next_step(obs, cands, weights={4: 1.0})
+    assert st.action == "fallback" and st.prediction is None
+    # beside a method with counters: the table predicts that one only
+    wn = Workload(rates=[0.9] * 8, coverage=0.8)
+    both = cands + [ngram(k) for k in range(1, 9)]
+    st = next_step(obs + [wn.observe(ngram(8))], both, weights={4: 1.0})
+    assert st.table and {r["method"] for r in st.table} == {"ngram"}
+
+
+def test_adaptive_verification_is_an_arm_measured_at_its_ceiling_and_never_predicted():
+    from _synthetic import Workload
+
+    from autotune.search._policy import next_step
+
+    rates = [0.85 * 0.7 ** i for i in range(8)]
+    w = Workload(rates=rates, coverage=1.0, overhead=2.0, per_k=0.8)
+    cands = [_dspark(k, False) for k in range(1, 9)] + [_dspark(k, True) for k in range(1, 9)]
+    obs, steps = [], []
+    for _ in range(6):
+        st = next_step(obs, cands, weights={4: 1.0})
+        if st.action != "measure":
+            break
+        steps.append(st)
+        # the adaptive arm measures 20% faster than the static K_max (vLLM trims what does not pay)
+        o = w.observe(st.config)
+        if st.config and st.config.get("enable_adaptive_verification"):
+            for lv in o.levels.values():
+                lv.value *= 0.8
+        obs.append(o)
+    looks = [s for s in steps if s.config and s.config.get("enable_adaptive_verification")]
+    assert len(looks) == 1 and looks[0].config["num_speculative_tokens"] == 8
+    assert "runtime-adaptive" in looks[0].reason and looks[0].prediction is None
+    # no row of the table predicts an adaptive config; the measured adaptive arm is the one to beat
+    assert all(not r["config"].get("enable_adaptive_verification") for s in steps for r in s.table)
+    assert steps[-1].config == _dspark(8, True)  # then the search stops: the measured adaptive arm is best
+    later = next_step(obs, cands, weights={4: 1.0})
+    assert later.action == "stop" and "best (dspark K=8 dspark-drafter adaptive=on" in later.reason
