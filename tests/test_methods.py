@@ -343,3 +343,49 @@ def test_adaptive_verification_is_an_arm_measured_at_its_ceiling_and_never_predi
     assert steps[-1].config == _dspark(8, True)  # then the search stops: the measured adaptive arm is best
     later = next_step(obs, cands, weights={4: 1.0})
     assert later.action == "stop" and "best (dspark K=8 dspark-drafter adaptive=on" in later.reason
+
+
+# --------------------------------------------------------------------------- the recommendation
+
+
+def _record(spec, config):
+    from types import SimpleNamespace
+
+    from autotune.search._record import StudyRecord, TrialRecord
+
+    trial = TrialRecord(number=0, state="COMPLETE", config=config, config_key=canonical(config),
+                        measurement={"argv": ["vllm", "serve", "m"]})
+    return StudyRecord(name=None, spec=spec, vllm_version="0.32.0", dropped_methods={}, all_trials=(trial,),
+                       replay_set=SimpleNamespace(path="r.jsonl", digest="d", requests=[1], by_tag=lambda: {None: 1}))
+
+
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_the_recommendation_says_when_a_runtime_adaptive_arm_won(spec_path, adaptive):
+    from types import SimpleNamespace
+
+    from autotune.decide import _decision, _payload
+
+    spec = load_spec(spec_path)
+    cfg = _dspark(8, adaptive)
+    outcome = SimpleNamespace(study_name="s", storage="sqlite://", trials=[], server_starts=3, interrupted_starts=0,
+                              wall_s=1.0, stopped_because="done")
+    rec = _payload.build(_record(spec, cfg), _decision.Decision("change", "faster", cfg, {}), outcome)
+    if adaptive:
+        assert rec["runtime_adaptive"]["knobs"] == {"enable_adaptive_verification": True}
+        assert rec["runtime_adaptive"]["levels"] == [4] and rec["runtime_adaptive"]["k_ceiling"] == 8
+        assert rec["reason"].startswith("faster; a runtime-adaptive arm won") and "at concurrency 4" in rec["reason"]
+    else:
+        assert "runtime_adaptive" not in rec and rec["reason"] == "faster"
+
+
+def test_a_profile_study_names_the_levels_the_adaptive_arm_won():
+    from autotune.decide._payload import runtime_adaptive
+
+    cfg = _dspark(8, True)
+    static = _dspark(8, False)
+    per_level = {"levels": {"1": {"best": {"config_key": canonical(static)}},
+                            "32": {"best": {"config_key": canonical(cfg)}},
+                            "64": {"best": {"config_key": canonical(cfg)}}}}
+    block = runtime_adaptive(cfg, per_level, 32)
+    assert block["levels"] == [32, 64] and "at concurrency 32, 64" in block["note"]
+    assert runtime_adaptive(static, per_level, 32) is None and runtime_adaptive(None, per_level, 32) is None
