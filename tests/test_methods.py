@@ -389,3 +389,29 @@ def test_a_profile_study_names_the_levels_the_adaptive_arm_won():
     block = runtime_adaptive(cfg, per_level, 32)
     assert block["levels"] == [32, 64] and "at concurrency 32, 64" in block["note"]
     assert runtime_adaptive(static, per_level, 32) is None and runtime_adaptive(None, per_level, 32) is None
+
+
+# --------------------------------------------------------------------------- per-request acceptance
+
+
+def _start(spec_summary, counters):
+    from autotune.search._record import TrialRecord
+
+    return TrialRecord(number=0, state="COMPLETE", config={"method": "ngram", "num_speculative_tokens": 4},
+                       config_key="k", measurement={"summary": {"spec": spec_summary}, "spec_delta": counters})
+
+
+def test_acceptance_comes_per_request_where_the_engine_reports_it_and_from_the_counters_otherwise():
+    from autotune.search._trial import per_request_acceptance, spec_counters
+
+    # the counters also count warm-up requests; the engine's per-request figures only the measured ones
+    counters = {"drafts": 100, "draft_tokens": 400, "accepted_tokens": 100}
+    a = _start({"num_spec_steps": 50, "num_accepted_draft_tokens": 150, "num_draft_tokens": 200}, counters)
+    b = _start({"num_spec_steps": 30, "num_accepted_draft_tokens": 30, "num_draft_tokens": 120}, counters)
+    pooled = per_request_acceptance([a, b])
+    assert pooled["acceptance_length"] == pytest.approx(1 + 180 / 80)
+    assert pooled["acceptance_rate"] == pytest.approx(180 / 320)
+    # one start without per-request figures: none pooled (never a mix), the counters stand
+    blind = _start(None, counters)
+    assert per_request_acceptance([a, blind]) is None
+    assert spec_counters([a, blind])["acceptance_length"] == pytest.approx(2.0)
