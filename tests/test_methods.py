@@ -110,6 +110,10 @@ def test_the_probe_keeps_the_methods_a_vllm_lists_and_drops_the_others_saying_wh
     space = SearchSpace.build(spec.space, older)
     assert set(space.dropped) == {"dspark", "qwen3_next_mtp"}
     assert "0.30.1" in space.dropped["dspark"] and "'dspark'" in space.dropped["dspark"]
+    # a misspelt method is dropped as one this vLLM lacks, with the name it has
+    typo = SearchSpace.build(SpaceSpec.model_validate({"methods": ["ngram", "dpsark"], "entries": {
+        "dpsark": {"models": ["/m/d"]}}}), caps())
+    assert typo.methods == ["ngram"] and "did you mean 'dspark'?" in typo.dropped["dpsark"]
     # a drafter method needs SpeculativeConfig.model
     nomodel = SearchSpace.build(spec.space, caps(fields=[f for f in FIELDS_032 if f != "model"]))
     assert {"dflash", "dspark", "medusa", "mlp_speculator"} <= set(nomodel.dropped)

@@ -7,6 +7,8 @@ import json
 
 import pytest
 
+from autotune.search._record import trial_record
+from autotune.search._trial import per_request_acceptance
 from test_study_vllm import run_cli, trials
 
 pytestmark = pytest.mark.vllm
@@ -37,4 +39,7 @@ def test_an_entry_s_knob_list_is_searched_on_real_servers(make_spec, tmp_path):
         assert m["spec_delta"]["accepted_tokens"] > 0
         eq = t.user_attrs["equivalence"]
         assert eq["compared"] > 0 and eq["matched"] == eq["compared"]  # greedy outputs as without speculation
+        # vLLM 0.32 reports acceptance per request: the evidence takes it over the counters
+        pooled = per_request_acceptance([trial_record(t)])
+        assert pooled is not None and pooled["acceptance_length"] > 1
     assert "ngram K=6 w=3-4 rejection=standard" in proc.stdout

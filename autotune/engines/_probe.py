@@ -8,6 +8,7 @@ and reads ``SpeculativeMethod`` and the ``SpeculativeConfig`` fields.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import os
@@ -105,7 +106,9 @@ class Capabilities:
     def check(self, method: str) -> str | None:
         """None when ``method`` can run here, else the reason it cannot."""
         if method not in self.methods:
-            return f"{self.engine_name} {self.version} has no speculative method {method!r}"
+            close = difflib.get_close_matches(method, self.methods, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            return f"{self.engine_name} {self.version} has no speculative method {method!r}{hint}"
         needs = _METHOD_NEEDS.get(method, ("model",) if needs_model(method) else ())
         missing = [f for f in needs if f not in self.fields]
         if missing:
