@@ -339,6 +339,9 @@ def test_adaptive_verification_is_an_arm_measured_at_its_ceiling_and_never_predi
             for lv in o.levels.values():
                 lv.value *= 0.8
         obs.append(o)
+    # the adaptive values listed first: the static arm still comes first, its counters predict
+    first = next_step([w.observe(None)], [_dspark(k, True) for k in range(1, 9)] + cands[:8], weights={4: 1.0})
+    assert first.config == _dspark(8, False)
     looks = [s for s in steps if s.config and s.config.get("enable_adaptive_verification")]
     assert len(looks) == 1 and looks[0].config["num_speculative_tokens"] == 8
     assert "runtime-adaptive" in looks[0].reason and looks[0].prediction is None
@@ -419,3 +422,11 @@ def test_acceptance_comes_per_request_where_the_engine_reports_it_and_from_the_c
     blind = _start(None, counters)
     assert per_request_acceptance([a, blind]) is None
     assert spec_counters([a, blind])["acceptance_length"] == pytest.approx(2.0)
+
+
+def test_the_first_start_of_a_method_is_its_static_arm_whatever_the_order_of_the_values():
+    spec = SpaceSpec.model_validate({"methods": ["dspark"], "entries": {"dspark": {
+        "models": ["/m/d"], "knobs": {"enable_adaptive_verification": [True, False]}}}})
+    space = SearchSpace.build(spec, caps())
+    assert space.config_from_params(space.params_for("dspark"))["enable_adaptive_verification"] is False
+

@@ -95,7 +95,9 @@ def next_step(observations: Sequence[Observation], candidates: Sequence[dict], *
             continue
         cs = [c for c in candidates if c["method"] == m]
         top = max(cs, key=k_of)
-        first_group = group_key(cs[0])
+        # the first static knob variant: its counters predict the method's other Ks (an adaptive
+        # variant's do not, and it gets its own look, ``_adaptive_look``)
+        first_group = group_key(next((c for c in cs if not is_adaptive(c)), cs[0]))
         top = max((c for c in cs if group_key(c) == first_group), key=k_of, default=top)
         if top and canonical(top) not in failed | skip:
             return Step("measure", top, reason=f"{m} at its largest K: per-position acceptance for every K")

@@ -13,6 +13,7 @@ import itertools
 import json
 from dataclasses import dataclass, field
 
+from autotune.core._methods import ADAPTIVE_KNOBS
 from autotune.core._spec import SpaceSpec
 from autotune.engines._probe import Capabilities
 from autotune.search._bands import BANDS_KEY
@@ -193,6 +194,10 @@ class SearchSpace:
         params: dict = {"method": method, f"{method}.k": kr.max if k is None else k}
         if method in NGRAM_METHODS:
             params[f"{method}.window"] = self._ngram_windows(method)[0]
+        for knob, adaptive in ADAPTIVE_KNOBS.items():  # the static arm first: its counters predict other Ks
+            static = [v for v in self.spec.extra_knobs(method).get(knob, []) if v != adaptive]
+            if static:
+                params[f"{method}.{knob}"] = static[0]
         return params
 
     def knee_k(self, method: str, per_position_rates: list[float], share: float = 0.9) -> int | None:
