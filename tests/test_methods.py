@@ -430,3 +430,14 @@ def test_the_first_start_of_a_method_is_its_static_arm_whatever_the_order_of_the
     space = SearchSpace.build(spec, caps())
     assert space.config_from_params(space.params_for("dspark"))["enable_adaptive_verification"] is False
 
+
+
+def test_a_bad_knob_in_a_spec_file_names_file_line_and_field(spec_path):
+    text = spec_path.read_text().replace("dspark_draft_topk: [4, 8]", "num_speculative_tokens: [4, 8]")
+    spec_path.write_text(text)
+    with pytest.raises(SpecError) as e:
+        load_spec(spec_path)
+    lines = text.splitlines()
+    start = lines.index("    dspark:")
+    line = next(i + 1 for i, ln in enumerate(lines) if i > start and ln.strip() == "knobs:")
+    assert f"{spec_path}:{line}: field 'space.entries.dspark.knobs': knob 'num_speculative_tokens'" in str(e.value)
