@@ -13,6 +13,7 @@ _EXPORTS = {
     "detect_stall": "autotune.core._measure", "summarize": "autotune.core._measure",
     "Settings": "autotune.core._settings", "get_settings": "autotune.core._settings",
     "SpecError": "autotune.core._spec", "StudySpec": "autotune.core._spec", "load_spec": "autotune.core._spec",
+    "MethodEntry": "autotune.core._spec",
     "Decision": "autotune.decide._decision", "decide": "autotune.decide._decision",
     "ServerStartError": "autotune.engines._engine", "VllmServer": "autotune.engines._engine",
     "build_argv": "autotune.engines._engine",
@@ -41,7 +42,7 @@ def __dir__() -> list[str]:
 __version__ = "0.1.0"
 
 __all__ = [
-    "Capabilities", "Decision", "Pause", "RatioCI", "ReplayRequest", "ReplaySet", "ReplaySetError", "SearchSpace",
+    "Capabilities", "Decision", "MethodEntry", "Pause", "RatioCI", "ReplayRequest", "ReplaySet", "ReplaySetError", "SearchSpace",
     "ServerStartError", "Settings", "SpecError", "Study", "StudyOutcome", "StudyRecord", "StudySpec", "TrialRecord",
     "VllmServer", "bootstrap_ratio_ci", "build_argv", "decide", "detect_stall", "get_settings", "load_spec", "probe",
     "read_study", "study_record", "summarize",

@@ -120,12 +120,27 @@ def test_hub_ids_are_not_checked_as_paths(setup):
     assert r.returncode == 3 and setup["marker"].exists()
 
 
-def test_unknown_method_names_field_and_line(setup):
-    setup["data"]["space"]["methods"] = ["ngram", "medusa2"]
+def test_a_name_no_method_has_names_field_and_line(setup):
+    setup["data"]["space"]["methods"] = ["ngram", "Medusa-2"]
     spec = _write(setup)
     r = _start(setup, spec)
     assert r.returncode == 2
-    assert f"{spec}:{_line(spec, 'methods:')}: field 'space.methods': unknown method 'medusa2'" in r.stderr
+    assert f"{spec}:{_line(spec, 'methods:')}: field 'space.methods': method 'Medusa-2' is not a method name" \
+        in r.stderr
+    _nothing_written(setup)
+
+
+def test_a_knob_the_installed_vllm_lacks_names_field_and_line(setup):
+    # the stand-in probe is a vLLM 0.32 without enable_adaptive_verification in SpeculativeConfig
+    setup["data"]["space"]["methods"] = ["ngram"]
+    setup["data"]["space"]["entries"] = {"ngram": {"knobs": {"prompt_lookup_min": [2, 3],
+                                                             "enable_adaptive_verification": [False, True]}}}
+    spec = _write(setup)
+    r = _start(setup, spec)
+    assert r.returncode == 2
+    line = _line(spec, "enable_adaptive_verification:")
+    assert (f"{spec}:{line}: field 'space.entries.ngram.knobs.enable_adaptive_verification': vLLM 0.32.0 has no "
+            "SpeculativeConfig field 'enable_adaptive_verification'") in r.stderr
     _nothing_written(setup)
 
 

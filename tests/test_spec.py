@@ -134,12 +134,15 @@ def test_default_engine_command_is_not_resolved_as_a_path(tmp_path):
 # --------------------------------------------------------------------------- invalid specs
 
 
-def test_unknown_method_names_field_and_line(tmp_path):
-    text = VALID + "space:\n  methods: [ngram, medusa]\n"
-    p = _write(tmp_path, text)
-    msg = _spec_error(p)
-    assert f"{p}:{_line(text, 'methods:')}: field 'space.methods'" in msg
-    assert "'medusa'" in msg and "ngram" in msg  # the bad value and the known ones
+def test_a_name_no_method_can_have_names_field_and_line(tmp_path):
+    # any method name may be given (the probe says whether the installed vLLM has it); one that
+    # cannot be a method's name, or one that proposes no tokens, is refused at load
+    for bad, why in (("Eagle-3", "not a method name"), ("extract_hidden_states", "proposes no tokens")):
+        text = VALID + f"space:\n  methods: [ngram, {bad}]\n"
+        p = _write(tmp_path, text)
+        msg = _spec_error(p)
+        assert f"{p}:{_line(text, 'methods:')}: field 'space.methods'" in msg
+        assert repr(bad) in msg and why in msg
 
 
 def test_k_min_above_max_block_style_points_at_the_k_line(tmp_path):

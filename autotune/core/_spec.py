@@ -17,12 +17,23 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_valid
 
 from autotune.core._inputs import InputError, read_input
 from autotune.core._measure import STATISTICS
+from autotune.core._methods import check_method_name, knob_problem, needs_model
 from autotune.core._names import workload_problem
 from autotune.core._schedule import parse_cron
 
 TUNED_METHODS = ("ngram", "ngram_gpu", "suffix", "draft_model", "eagle3", "eagle", "mtp",
                  # llama.cpp's n-gram drafters (llama-server --spec-type ngram-simple, ...)
                  "ngram_simple", "ngram_map_k", "ngram_map_k4v", "ngram_mod")
+"""Methods with spec fields of their own (``space.ngram``, ``space.suffix``, ``space.draft_models``,
+``space.eagle_heads``). A spec may name any other method the installed vLLM lists, as an entry of
+``space.entries`` (``autotune/core/_methods.py``); the probe checks it."""
+LEGACY_KNOBS = {
+    "ngram": ("prompt_lookup_min", "prompt_lookup_max"),
+    "ngram_gpu": ("prompt_lookup_min", "prompt_lookup_max"),
+    "suffix": ("suffix_decoding_max_tree_depth", "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob"),
+}
+"""The knobs each method's own spec fields give (``SpaceSpec.entry``); an entry's knobs of the same
+names replace them."""
 ENGINE_KINDS = ("vllm", "llamacpp")
 # Speculative keys belong to the tuner: a spec that fixes them in serve_args would silently
 # make every trial the same configuration.
@@ -191,10 +202,43 @@ class BandsSpace(_Model):
     max_levels: int = Field(default=3, ge=2, le=8, description="most concurrency levels derived from tpot_ms")
 
 
+class MethodEntry(_Model):
+    """One method of the space: the drafter checkpoints it needs and the knobs it searches."""
+
+    models: list[str] = Field(default=[], description="drafter paths or hub ids: a draft model, an EAGLE, DFlash "
+                              "or DSpark drafter, Medusa or MLP-speculator heads (an MTP type runs the target's "
+                              "own MTP layers without one); each is a candidate")
+    knobs: dict[str, list[bool | int | float | str]] = Field(
+        default={}, description="SpeculativeConfig field -> values to try, e.g. `enable_adaptive_verification: "
+                                "[false, true]`, `parallel_drafting`, `rejection_sample_method`, "
+                                "`dspark_draft_topk`; each field is checked against the installed vLLM's probe")
+    k: KRange | None = Field(default=None, description="K range of this method, instead of `space.k`")
+
+    @field_validator("knobs")
+    @classmethod
+    def _knobs(cls, v):
+        for name, values in v.items():
+            problem = knob_problem(name, values)
+            if problem:
+                raise ValueError(problem)
+        return v
+
+    @field_validator("models")
+    @classmethod
+    def _models(cls, v):
+        if len(set(v)) != len(v):
+            raise ValueError(f"models repeat a path: {v}")
+        return v
+
+
 class SpaceSpec(_Model):
     methods: list[str] = Field(default=["ngram", "suffix"], min_length=1,
-                               description="speculative methods searched, of " + ", ".join(TUNED_METHODS)
-                                           + "; the no-speculation baseline is always trial 0")
+                               description="speculative methods searched: any the installed vLLM's "
+                                           "SpeculativeMethod lists (ngram, suffix, draft_model, eagle3, mtp, "
+                                           "dflash, dspark, medusa, a per-model MTP type...; the probe drops "
+                                           "those it lacks, saying why), or llama.cpp's ngram_simple, "
+                                           "ngram_map_k, ngram_map_k4v, ngram_mod; the no-speculation baseline "
+                                           "is always trial 0")
     k: KRange = Field(default=KRange(), description="K range of every method")
     k_per_method: dict[str, KRange] = Field(default={}, description="K range of one method, instead of `k`")
     ngram: NgramSpace = Field(default=NgramSpace(), description="n-gram proposers' prompt-lookup windows")
@@ -205,6 +249,11 @@ class SpaceSpec(_Model):
     draft_n_min: list[int] = Field(default=[], description="llama.cpp: --spec-draft-n-min values to try "
                                    "(empty: the server's default)")
     eagle_heads: list[str] = Field(default=[], description="EAGLE head paths for eagle and eagle3")
+    entries: dict[str, MethodEntry] = Field(default={}, description="per method: the drafter paths it needs "
+                                            "and its knobs as value lists of SpeculativeConfig fields "
+                                            "(docs/engines.md has the table); for ngram and suffix the knobs "
+                                            "replace space.ngram / space.suffix, for draft_model and eagle the "
+                                            "models replace space.draft_models / space.eagle_heads")
     bands: BandsSpace = Field(default=BandsSpace(), exclude=True, description="per-batch-size K bands")
     # exclude: bands add candidates but change no measurement, so study fingerprints stay as they were
 
@@ -212,20 +261,37 @@ class SpaceSpec(_Model):
     @classmethod
     def _known(cls, v):
         for m in v:
-            if m not in TUNED_METHODS:
-                raise ValueError(f"unknown method {m!r}; known: {', '.join(TUNED_METHODS)} "
-                                 "(the no-speculation baseline is always trial 0)")
+            problem = check_method_name(m)
+            if problem:
+                raise ValueError(problem)
+        if len(set(v)) != len(v):
+            raise ValueError(f"methods repeat a name: {v}")
         return v
 
     @model_validator(mode="after")
     def _needs(self):
-        if "draft_model" in self.methods and not self.draft_models:
-            raise ValueError("method draft_model needs space.draft_models")
-        if {"eagle", "eagle3"} & set(self.methods) and not self.eagle_heads:
-            raise ValueError("methods eagle/eagle3 need space.eagle_heads")
+        legacy = {"draft_model": ("draft_models", self.draft_models),
+                  "eagle": ("eagle_heads", self.eagle_heads), "eagle3": ("eagle_heads", self.eagle_heads)}
+        for m in self.methods:
+            entry = self.entries.get(m)
+            if m in legacy and entry is not None and entry.models and legacy[m][1]:
+                raise ValueError(f"method {m} has models in space.{legacy[m][0]} and in space.entries.{m}.models; "
+                                 "give them in one place")
+            if needs_model(m) and not self.entry(m).models:
+                where = f"space.{legacy[m][0]} or " if m in legacy else ""
+                raise ValueError(f"method {m} needs a drafter: give {where}space.entries.{m}.models")
+            if m in ("ngram", "ngram_gpu") and entry is not None:
+                knobs = self.entry(m).knobs
+                if not any(lo <= hi for lo in knobs["prompt_lookup_min"] for hi in knobs["prompt_lookup_max"]):
+                    raise ValueError(f"space.entries.{m}.knobs: no prompt_lookup_min <= prompt_lookup_max pair")
         for m in self.k_per_method:
             if m not in self.methods:
                 raise ValueError(f"k_per_method names {m!r}, which is not in methods")
+        for m, entry in self.entries.items():
+            if m not in self.methods:
+                raise ValueError(f"entries names {m!r}, which is not in methods")
+            if entry.k is not None and m in self.k_per_method:
+                raise ValueError(f"method {m} has a K range in k_per_method and in entries.{m}.k; give one")
         return self
 
     @field_validator("draft_p_min")
@@ -249,13 +315,45 @@ class SpaceSpec(_Model):
         # knobs left unset are left out, so the dump (and every study fingerprint made of it)
         # of a spec without them is what it was before they existed
         data = handler(self)
-        for key in ("draft_p_min", "draft_n_min"):
+        for key in ("draft_p_min", "draft_n_min", "entries"):
             if isinstance(data, dict) and not data.get(key):
                 data.pop(key, None)
         return data
 
     def k_range(self, method: str) -> KRange:
+        entry = self.entries.get(method)
+        if entry is not None and entry.k is not None:
+            return entry.k
         return self.k_per_method.get(method, self.k)
+
+    def entry(self, method: str) -> MethodEntry:
+        """``method`` in the one entry form, whichever fields the spec gave it in: its models
+        (``draft_models``, ``eagle_heads`` or the entry's) and every knob with its values
+        (``space.ngram``'s windows and ``space.suffix``'s limits as SpeculativeConfig fields,
+        replaced by the entry's knobs of the same names)."""
+        given = self.entries.get(method) or MethodEntry()
+        knobs: dict[str, list] = {}
+        if method in ("ngram", "ngram_gpu"):
+            knobs = {"prompt_lookup_min": list(self.ngram.prompt_lookup_min),
+                     "prompt_lookup_max": list(self.ngram.prompt_lookup_max)}
+        elif method == "suffix":
+            s = self.suffix
+            knobs = {"suffix_decoding_max_tree_depth": list(s.max_tree_depth),
+                     "suffix_decoding_max_spec_factor": list(s.max_spec_factor),
+                     "suffix_decoding_min_token_prob": list(s.min_token_prob)}
+        models = list(given.models)
+        if not models and method == "draft_model":
+            models = list(self.draft_models)
+        elif not models and method in ("eagle", "eagle3"):
+            models = list(self.eagle_heads)
+        return MethodEntry(models=models, knobs={**knobs, **given.knobs}, k=self.k_range(method))
+
+    def extra_knobs(self, method: str) -> dict[str, list]:
+        """The entry's knobs that no method-specific field covers (``LEGACY_KNOBS``), in the
+        order given: each is an Optuna parameter ``<method>.<field>`` of its own."""
+        given = self.entries.get(method)
+        own = LEGACY_KNOBS.get(method, ())
+        return {k: list(v) for k, v in given.knobs.items() if k not in own} if given else {}
 
 
 class BudgetSpec(_Model):
@@ -793,6 +891,8 @@ def _localized(spec: StudySpec, path: Path) -> StudySpec:
     space = spec.space.model_copy(update={
         "draft_models": [_expand(p, base) for p in spec.space.draft_models],
         "eagle_heads": [_expand(p, base) for p in spec.space.eagle_heads],
+        "entries": {m: e.model_copy(update={"models": [_expand_model(p, base) for p in e.models]})
+                    for m, e in spec.space.entries.items()},
     })
     command = list(spec.engine.command)
     if command and ("/" in command[0]):
@@ -815,6 +915,12 @@ def _localized(spec: StudySpec, path: Path) -> StudySpec:
         if spec.production.telemetry else spec.production,
         "source": str(path),
     })
+
+
+def _expand_model(value: str, base: Path) -> str:
+    """A drafter path made absolute, or a hub id left as it is (as ``model`` is)."""
+    local = _expand(value, base)
+    return local if Path(local).exists() or value.startswith((".", "/", "~", "$")) else value
 
 
 def _storage_url(url: str, base: Path) -> str:

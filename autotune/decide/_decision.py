@@ -22,7 +22,7 @@ from autotune.decide._noise import (FUTILITY_POWER as FUTILITY, PRECISION, _ci, 
 from autotune.search._levels import profile_groups
 from autotune.search._record import StudyRecord
 from autotune.search._space import NONE, canonical, label
-from autotune.search._trial import spec_counters, usable_starts
+from autotune.search._trial import per_request_acceptance, spec_counters, usable_starts
 from autotune.traffic._sampling import read_manifest
 
 
@@ -51,6 +51,7 @@ def _side(trials, statistic: str, decided_on: list | None = None) -> dict:
     pooled = [v for t in used for v in t.measurement["tpot_ms"]]
     profile = profile_groups(used)
     counters = spec_counters(trials)
+    per_request = per_request_acceptance(trials)  # the engine's own, per measured request, where it offers it
     summaries = [t.measurement["summary"] for t in trials]
     return {
         "tpot_ms": (_measure.weighted_statistic(*profile, statistic) if profile
@@ -62,7 +63,9 @@ def _side(trials, statistic: str, decided_on: list | None = None) -> dict:
         "requests": len(pooled),
         "output_throughput": (sum(s["output_throughput_tok_s"] for s in summaries) / len(summaries)
                               if summaries else None),
-        "acceptance_length": counters["acceptance_length"],
+        "acceptance_length": per_request["acceptance_length"] if per_request else counters["acceptance_length"],
+        "acceptance_source": ("per_request" if per_request else "counters" if counters["acceptance_length"] is not None
+                              else None),
         "ttft_ms_p90": _median([(s.get("ttft_ms") or {}).get("p90") for s in summaries]),
         "trials": [t.number for t in trials],
         "decision_trials": [t.number for t in (decided_on or [])],

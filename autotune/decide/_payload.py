@@ -13,6 +13,7 @@ from pathlib import Path
 
 from autotune.core._files import SHARED, write_json
 from autotune.core._inputs import read_input
+from autotune.core._methods import ADAPTIVE_KNOBS, is_adaptive
 from autotune.core._names import check_workload, child
 from autotune.core._store import safe_url
 from autotune.decide._decision import Decision, replay_provenance
@@ -148,6 +149,10 @@ def build(study: StudyRecord, decision: Decision, outcome) -> dict:
         **_engine_notes(study, winner_trials if deploy else []),
         **_warnings(spec),
     }
+    adaptive = runtime_adaptive(deploy, rec.get("per_level"), spec.replay.concurrency)
+    if adaptive and decision.decision == "change":
+        rec["runtime_adaptive"] = adaptive
+        rec["reason"] = f"{rec['reason']}; {adaptive['note']}"
     if engine.kind != "vllm":  # the engine's own deploy form (llama-server flags and LLAMA_ARG_* env)
         for key in ("vllm_serve_args", "vllm_config_yaml"):
             rec.pop(key)
@@ -156,6 +161,27 @@ def build(study: StudyRecord, decision: Decision, outcome) -> dict:
         rec["rollback"].update(engine.deploy_fields(spec.incumbent))
         rec["valid_for"]["engine"] = f"{engine.name} {study.vllm_version}"
     return rec
+
+
+def runtime_adaptive(deploy: dict | None, per_level: dict | None, concurrency: int) -> dict | None:
+    """``runtime_adaptive`` when the deployed config lets vLLM choose the tokens it verifies per
+    step (``core._methods.ADAPTIVE_KNOBS``): its knobs, its K (a ceiling), the concurrency levels
+    where it was the fastest measured config (a profile study's ``per_level``; else the study's
+    one concurrency, where it won), and a note for the reason. SREs should know that the K
+    they deploy is not what each step runs, and at which loads that won."""
+    if not is_adaptive(deploy):
+        return None
+    knobs = {k: deploy[k] for k, v in ADAPTIVE_KNOBS.items() if deploy.get(k) == v}
+    key = canonical(deploy)
+    if per_level and per_level.get("levels"):
+        levels = [int(L) for L, v in per_level["levels"].items() if (v.get("best") or {}).get("config_key") == key]
+    else:
+        levels = [int(concurrency)]
+    k = deploy.get("num_speculative_tokens")
+    where = f"at concurrency {', '.join(map(str, levels))}" if levels else "on the traffic-weighted TPOT, at no single level"
+    note = (f"a runtime-adaptive arm won ({', '.join(knobs)}: vLLM picks the tokens verified per step at run "
+            f"time, K={k} is the ceiling); it was the fastest measured {where}")
+    return {"knobs": knobs, "k_ceiling": k, "levels": levels, "note": note}
 
 
 def _per_level(study: StudyRecord, deploy: dict | None) -> dict:

@@ -8,6 +8,7 @@ and reads ``SpeculativeMethod`` and the ``SpeculativeConfig`` fields.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import os
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from autotune.core._files import PRIVATE, write_json
 from autotune.core._inputs import read_input
+from autotune.core._methods import needs_model
 
 _SNIPPET = r"""
 import dataclasses, importlib.util, json, typing, warnings
@@ -45,7 +47,8 @@ print("AUTOTUNE_PROBE " + json.dumps({"version": vllm.__version__, "methods": me
       "arctic_inference": importlib.util.find_spec("arctic_inference") is not None}))
 """
 
-# Which SpeculativeConfig fields each tunable method needs, beyond the method name itself.
+# Which SpeculativeConfig fields each tunable method needs, beyond the method name itself; a
+# method not named here needs ``model`` when it runs a drafter checkpoint (``needs_model``).
 _METHOD_NEEDS = {
     "ngram": ("prompt_lookup_min", "prompt_lookup_max"),
     "ngram_gpu": ("prompt_lookup_min", "prompt_lookup_max"),
@@ -104,8 +107,11 @@ class Capabilities:
     def check(self, method: str) -> str | None:
         """None when ``method`` can run here, else the reason it cannot."""
         if method not in self.methods:
-            return f"{self.engine_name} {self.version} has no speculative method {method!r}"
-        missing = [f for f in _METHOD_NEEDS.get(method, ()) if f not in self.fields]
+            close = difflib.get_close_matches(method, self.methods, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            return f"{self.engine_name} {self.version} has no speculative method {method!r}{hint}"
+        needs = _METHOD_NEEDS.get(method, ("model",) if needs_model(method) else ())
+        missing = [f for f in needs if f not in self.fields]
         if missing:
             return f"{self.engine_name} {self.version} lacks SpeculativeConfig field(s) {', '.join(missing)}"
         if method == "suffix" and not self.arctic_inference:
@@ -113,6 +119,13 @@ class Capabilities:
         if method in ACCELERATOR_ONLY and self.platform == "cpu":
             return f"{self.engine_name} {self.version} on CPU lists {method!r} but cannot start it: {ACCELERATOR_ONLY[method]}"
         return None
+
+    def missing_knobs(self, knobs) -> list[str]:
+        """The knobs (SpeculativeConfig field names) this vLLM's ``SpeculativeConfig`` lacks;
+        none when the probe read no fields (nothing to check against)."""
+        if not self.fields:
+            return []
+        return [k for k in knobs if k not in self.fields]
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from autotune.search._observations import BANDS, DRAFTERS, Observation, decode_steps, k_of, level_k
+from autotune.core._methods import always_drafts
+from autotune.search._observations import BANDS, Observation, decode_steps, k_of, level_k
 
 UNKNOWN_COVERAGE = (0.4, 0.7, 1.0)
 """Coverage corners (lo, mid, hi) when the counters lack generated tokens (prompt lookup, suffix)."""
@@ -74,7 +75,7 @@ def acceptance_of(obs: Sequence[Observation], method: str) -> Acceptance | None:
         c = min(1.0, drafts / steps)
         cov = (c, c, c)
     else:
-        cov = (1.0, 1.0, 1.0) if method in DRAFTERS else UNKNOWN_COVERAGE
+        cov = (1.0, 1.0, 1.0) if always_drafts(method) else UNKNOWN_COVERAGE
     return Acceptance(rates=rates, coverage=cov, basis=f"{len(rates)} positions measured")
 
 

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
 from autotune.search._acceptance import Acceptance
-from autotune.search._observations import BANDS, DRAFTERS, Observation, cost_key, group_key, level_k, tokens_per_step
+from autotune.core._methods import always_drafts
+from autotune.search._observations import BANDS, Observation, cost_key, group_key, level_k, tokens_per_step
 
 Z90 = 1.6449
 """Intervals are 90%: ``mid +- Z90 * sd``."""
@@ -35,7 +36,7 @@ rather than "per draft token" (a line through the baseline), for proposers witho
 ``benchmarks/gpu/step_cost.py``) ngram's step cost is linear in K for K >= 1 with a jump from the
 baseline to K=1; the jump's share of a K=8 step's extra cost was 0.35 (code, c=1) to 1.0 (chat,
 c=1), 0.5-0.8 at c=32: 0.5 is the middle. A drafter runs a forward pass per draft token, so
-drafters (``DRAFTERS``) default to ``DRAFTER_FIXED_SHARE``. With two Ks or more the line is fitted
+drafters (``core._methods.always_drafts``) default to ``DRAFTER_FIXED_SHARE``. With two Ks or more the line is fitted
 on the measured Ks alone (never through the baseline)."""
 DRAFTER_FIXED_SHARE = 0.25
 ZERO_BAND_SHARE = 0.5
@@ -215,7 +216,7 @@ def step_cost_fit(obs: Sequence[Observation], acceptance: Mapping[str, Acceptanc
     if not points:
         points = []
     fit = CostFit(s0=s0, points=points, noise=noise,
-                  fixed_share=DRAFTER_FIXED_SHARE if method in DRAFTERS else FIXED_SHARE, zero_points=zeros)
+                  fixed_share=DRAFTER_FIXED_SHARE if always_drafts(method) else FIXED_SHARE, zero_points=zeros)
     if not points:  # only k=0 bands measured: nothing says what a draft token costs
         return None
     return fit

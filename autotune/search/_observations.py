@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from autotune.core._measure import summarize
 from autotune.search import _bands
 from autotune.search._record import config_of, measurement_of, predicted_tpot_of
-from autotune.search._space import canonical
+from autotune.search._space import canonical, extra_knobs
 
 DRAFTERS = ("draft_model", "eagle", "eagle3", "mtp")
 BANDS = _bands.BANDS_KEY
@@ -38,11 +38,14 @@ def group_key(config: dict | None) -> str:
 
 
 def cost_key(config: dict | None) -> str:
-    """What a decode step costs depends on the method and the drafter, not on ngram windows."""
+    """What a decode step costs depends on the method, the drafter and an entry's knobs
+    (adaptive verification, parallel drafting...), not on ngram windows."""
     if not config:
         return "none"
     m = config["method"]
-    return f"{m}:{config.get('model')}" if m in DRAFTERS or m in ("eagle", "eagle3") else m
+    key = f"{m}:{config.get('model')}" if m in DRAFTERS or config.get("model") else m
+    extra = extra_knobs(config)
+    return f"{key}|{canonical(extra)}" if extra else key
 
 
 def level_k(config: dict | None, level: int) -> int:

@@ -2,7 +2,9 @@
 
 The baseline, then each method at its largest K, then the acceptance knee of each method that beat
 the baseline there (``_knee_step``: a second K where the acceptance flattens, measured before the
-cost model decides; GPU step costs are not smooth in K), then, among the candidates with at least
+cost model decides; GPU step costs are not smooth in K; from the mean accepted tokens per drafted
+step where a method reports no per-position counters), then each runtime-adaptive knob variant at
+its largest K (``_adaptive_look``: measured, never predicted), then, among the candidates with at least
 ``P_STOP`` probability of beating the best measured objective by more than the gain worth a start
 (``min_gain``: a study passes ``objective.search_tolerance``, 3%, or ``min_gain`` when larger; the
 probability counts the best's own noise, a mean of few starts, as well as the candidate's
@@ -26,6 +28,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
+from autotune.core._methods import is_adaptive
 from autotune.search._cost import Z90
 from autotune.search._observations import BANDS, Observation, cost_key, group_key, k_of
 from autotune.search._predict import Prediction, Predictor, _phi
@@ -92,13 +95,18 @@ def next_step(observations: Sequence[Observation], candidates: Sequence[dict], *
             continue
         cs = [c for c in candidates if c["method"] == m]
         top = max(cs, key=k_of)
-        first_group = group_key(cs[0])
+        # the first static knob variant: its counters predict the method's other Ks (an adaptive
+        # variant's do not, and it gets its own look, ``_adaptive_look``)
+        first_group = group_key(next((c for c in cs if not is_adaptive(c)), cs[0]))
         top = max((c for c in cs if group_key(c) == first_group), key=k_of, default=top)
         if top and canonical(top) not in failed | skip:
             return Step("measure", top, reason=f"{m} at its largest K: per-position acceptance for every K")
     knee = _knee_step(observations, candidates, weights, measured | failed | skip)
     if knee is not None:
         return knee
+    look = _adaptive_look(observations, candidates, measured | failed | skip)
+    if look is not None:
+        return look
     pred = Predictor(observations, weights, noise, noise_prior, bands_tax)
     if not pred.ready:
         return Step("fallback", reason="no per-position acceptance counters to predict from")
@@ -216,7 +224,7 @@ def known_losers(observations: Sequence[Observation], weights: dict[int, float] 
         if not ratios:
             continue
         worst.setdefault(cost_key(o.config), []).append(min(ratios))
-    return {ck: f"{ck.split(':')[0]} (every start {min(rs):.1f}x or more the baseline's TPOT at every level)"
+    return {ck: f"{ck.split('|')[0].split(':')[0]} (every start {min(rs):.1f}x or more the baseline's TPOT at every level)"
             for ck, rs in worst.items() if min(rs) >= ratio}
 
 
@@ -261,12 +269,13 @@ def _knee_step(observations: Sequence[Observation], candidates: Sequence[dict], 
     if not base:
         return None
     for m in dict.fromkeys(c["method"] for c in candidates):
-        mine = [o for o in observations if o.config and o.config["method"] == m and not o.config.get(BANDS)]
+        mine = [o for o in observations if o.config and o.config["method"] == m and not o.config.get(BANDS)
+                and not is_adaptive(o.config)]
         if not mine or len({k_of(o.config) for o in mine}) != 1:
             continue
         top = mine[0]
         v = top.objective(w)
-        kn = knee((top.delta or {}).get("per_position_rates") or [], KNEE_SHARE)
+        kn, basis = _knee_of(top.delta or {})
         if v is None or v >= min(base) or kn is None:
             continue
         same = sorted((c for c in candidates if group_key(c) == group_key(top.config) and not c.get(BANDS)
@@ -274,8 +283,39 @@ def _knee_step(observations: Sequence[Observation], candidates: Sequence[dict], 
         pick = next((c for c in same if k_of(c) >= kn), None)
         if pick is not None and canonical(pick) not in done:
             return Step("measure", pick, reason=f"{m}'s acceptance knee (K={k_of(pick)} keeps {KNEE_SHARE:.0%} of the "
-                                                f"accepted tokens per step at K={k_of(top.config)}): a second K "
+                                                f"accepted tokens per step at K={k_of(top.config)}{basis}): a second K "
                                                 "for the cost fit where the acceptance flattens")
+    return None
+
+
+def _knee_of(delta: dict) -> tuple[int | None, str]:
+    """(the acceptance knee, how it was found) of a run's counters. Without per-position counters
+    (a method or vLLM that reports only totals), the mean accepted tokens per drafted step ``a``
+    stands in: no K below ``a / KNEE_SHARE`` can keep that share of them. Nothing counted: None."""
+    kn = knee(delta.get("per_position_rates") or [], KNEE_SHARE)
+    if kn is not None:
+        return kn, ""
+    drafts, accepted = delta.get("drafts") or 0, delta.get("accepted_tokens") or 0
+    if drafts > 0 and accepted > 0:
+        return max(1, math.ceil(accepted / drafts / KNEE_SHARE)), \
+            "; no per-position counters: from the mean accepted tokens per drafted step"
+    return None, ""
+
+
+def _adaptive_look(observations: Sequence[Observation], candidates: Sequence[dict], done: set[str]) -> Step | None:
+    """A runtime-adaptive knob variant (``core._methods.ADAPTIVE_KNOBS``) never measured gets one
+    start at its largest K, the ceiling vLLM adapts under: the predictor claims nothing for it (its
+    K is not what each step verifies), so it is compared on what it measures, like the baseline."""
+    seen = {group_key(o.config) for o in observations if o.config}
+    groups: dict[str, list[dict]] = {}
+    for c in candidates:
+        if is_adaptive(c) and not c.get(BANDS):
+            groups.setdefault(group_key(c), []).append(c)
+    for g, cs in groups.items():
+        top = max(cs, key=k_of)
+        if g not in seen and canonical(top) not in done:
+            return Step("measure", top, reason=f"{label(top)}: runtime-adaptive verification, measured at its "
+                                               "largest K (the predictor claims nothing for it)")
     return None
 
 

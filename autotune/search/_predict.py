@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+from autotune.core._methods import is_adaptive
 from autotune.search import _bands
 from autotune.search._acceptance import Acceptance, acceptance_of
 from autotune.search._cost import NO_TAX, Z90, CostFit, bands_tax_logs, pooled_bands_tax, step_cost_fit
@@ -130,7 +131,8 @@ class Predictor:
         if self._acc.get(g) is not None:
             return self._acc[g]
         donors = [(gk, a) for gk, a in self._acc.items() if a is not None and a.rates
-                  and self._groups[gk][0].config["method"] == config["method"]]
+                  and self._groups[gk][0].config["method"] == config["method"]
+                  and not is_adaptive(self._groups[gk][0].config)]
         if not donors:
             return None
         gk, a = max(donors, key=lambda x: len(self._groups[x[0]]))
@@ -145,7 +147,8 @@ class Predictor:
         fit = self._cost_fit(ck, level, c, s0, config["method"])
         if fit is not None:
             return fit
-        donors = {cost_key(o.config) for o in self.obs if o.config and o.config["method"] == config["method"]}
+        donors = {cost_key(o.config) for o in self.obs if o.config and o.config["method"] == config["method"]
+                  and not is_adaptive(o.config)}
         for dk in sorted(donors):
             fit = self._cost_fit(dk, level, c, s0, config["method"])
             if fit is not None:
@@ -164,6 +167,8 @@ class Predictor:
         if not config:
             per = {L: _tri(self.s0(L), self.noise) for L in self.weights if self.s0(L) is not None}
             return self._combine(None, per, "baseline") if per else None
+        if is_adaptive(config):
+            return None  # vLLM picks the verified tokens per step: K is a ceiling, not a step's K
         acc = self.acceptance(config)
         if acc is None:
             return None

@@ -4,11 +4,13 @@ A nightly run that would fail on its first server start, or half-way through the
 instead fail at once, with a message that names the spec file, the field and its line, and
 leave no study, trial or recommendation behind (exit code 2). Checked here:
 
-- local paths that do not exist: ``model``, ``space.draft_models``, ``space.eagle_heads``
+- local paths that do not exist: ``model``, ``space.draft_models``, ``space.eagle_heads``,
+  ``space.entries.<method>.models``
   (a value that starts with ``./``, ``../``, ``/``, ``~`` or ``$`` is a path; others are hub ids);
 - fields the installed vLLM does not have (the probe lists ``SpeculativeConfig`` fields):
   the incumbent's keys and every key the search would put in a ``--speculative-config`` of a
-  method it kept (serve arguments the probe does not list only warn, see ``check_fields``);
+  method it kept, each knob of ``space.entries`` by its own name (serve arguments the probe
+  does not list only warn, see ``check_fields``);
 - the replay set: readable, well-formed, enough requests for the concurrency.
 """
 
@@ -82,6 +84,11 @@ def check_paths(spec: StudySpec) -> None:
             raw = w.raw("space", field, i)
             if isinstance(raw, str) and raw.startswith(_PATHLIKE) and not Path(value).exists():
                 raise w.error(("space", field, i), f"no such file or directory: {value}")
+    for method, entry in spec.space.entries.items():
+        for i, value in enumerate(entry.models):
+            raw = w.raw("space", "entries", method, "models", i)
+            if isinstance(raw, str) and raw.startswith(_PATHLIKE) and not Path(value).exists():
+                raise w.error(("space", "entries", method, "models", i), f"no such file or directory: {value}")
 
 
 def check_fields(spec: StudySpec, caps: Capabilities, space: SearchSpace) -> list[str]:
@@ -110,6 +117,11 @@ def check_fields(spec: StudySpec, caps: Capabilities, space: SearchSpace) -> lis
             raise w.error(("incumbent", key), f"vLLM {caps.version} has no SpeculativeConfig field {key!r} "
                                               "(per the capability probe)")
     for method in space.methods:
+        entry = spec.space.entries.get(method)
+        for key in caps.missing_knobs(entry.knobs if entry else {}):  # the entry's knobs, each by name
+            raise w.error(("space", "entries", method, "knobs", key),
+                          f"{caps.engine_name} {caps.version} has no SpeculativeConfig field {key!r} (per the "
+                          f"capability probe): remove the knob from {method}'s entry or upgrade vLLM")
         sample = space.config_from_params(space.params_for(method)) or {}
         for key in sample:
             if key not in fields:

@@ -5,36 +5,23 @@ concurrency profile that band schedules need. The samplers that walk them are in
 
 from __future__ import annotations
 
-import itertools
 import logging
 
 from autotune.search import _bands
 from autotune.search._record import config_key_of, error_of, interrupted
-from autotune.search._space import NGRAM_METHODS, SearchSpace
+from autotune.search._space import SearchSpace
 
 log = logging.getLogger(__name__)
 
 
 def enumerate_candidates(space: SearchSpace) -> list[tuple[dict, dict]]:
     """(Optuna params, speculative config) of every candidate of the space but the baseline:
-    per method, per knob combination (ngram window, suffix options, draft model, EAGLE head), K
-    ascending."""
+    per method, per knob combination (ngram window, suffix options, drafter, an entry's knobs:
+    ``SearchSpace.knob_combinations``), K ascending."""
     out = []
     for m in space.methods:
         kr = space.spec.k_range(m)
-        if m in NGRAM_METHODS:
-            knobs = [{f"{m}.window": w} for w in space._ngram_windows()]
-        elif m == "suffix":
-            s = space.spec.suffix
-            knobs = [{"suffix.max_tree_depth": d, "suffix.max_spec_factor": f, "suffix.min_token_prob": p}
-                     for d, f, p in itertools.product(s.max_tree_depth, s.max_spec_factor, s.min_token_prob)]
-        elif m == "draft_model":
-            knobs = [{"draft_model.model": d} for d in space.spec.draft_models]
-        elif m in ("eagle", "eagle3"):
-            knobs = [{f"{m}.model": h} for h in space.spec.eagle_heads]
-        else:
-            knobs = [{}]
-        for knob in knobs:
+        for knob in space.knob_combinations(m):
             for k in range(kr.min, kr.max + 1):
                 params = {"method": m, f"{m}.k": k, **knob}
                 out.append((params, space.config_from_params(params)))

@@ -13,6 +13,7 @@ import itertools
 import json
 from dataclasses import dataclass, field
 
+from autotune.core._methods import ADAPTIVE_KNOBS
 from autotune.core._spec import SpaceSpec
 from autotune.engines._probe import Capabilities
 from autotune.search._bands import BANDS_KEY
@@ -47,7 +48,30 @@ def label(config: dict | None, none: str = "none") -> str:
     for knob in ("p_min", "n_min"):
         if config.get(f"draft_{knob}") is not None:
             s += f" {knob}={config[f'draft_{knob}']}"
+    for key, value in sorted(extra_knobs(config).items()):
+        s += f" {_SHORT.get(key, key)}={_word(value)}"
     return s
+
+
+_SHORT = {"enable_adaptive_verification": "adaptive", "rejection_sample_method": "rejection",
+          "draft_sample_method": "draft_sampling", "disable_padded_drafter_batch": "no_padded_batch"}
+"""Shorter names of some knobs in a config's label."""
+
+
+def _word(value) -> str:
+    return {True: "on", False: "off"}.get(value, str(value)) if isinstance(value, bool) else str(value)
+
+
+BASE_KEYS = frozenset({"method", "num_speculative_tokens", "model", BANDS_KEY, "prompt_lookup_min",
+                       "prompt_lookup_max", "suffix_decoding_max_tree_depth", "suffix_decoding_max_spec_factor",
+                       "suffix_decoding_min_token_prob", "draft_p_min", "draft_n_min"})
+"""Config keys of the methods with spec fields of their own: every other key is an entry's knob."""
+
+
+def extra_knobs(config: dict | None) -> dict:
+    """The knobs of ``config`` beyond K, the drafter, the bands and the n-gram and suffix limits:
+    what an entry (``space.entries``) adds, e.g. ``enable_adaptive_verification``."""
+    return {k: v for k, v in (config or {}).items() if k not in BASE_KEYS}
 
 
 
@@ -64,8 +88,19 @@ def knee(per_position_rates: list[float], share: float = 0.9) -> int | None:
             return k
     return len(per_position_rates)
 
+_SUFFIX_PARAMS = (("max_tree_depth", "suffix_decoding_max_tree_depth", int),
+                  ("max_spec_factor", "suffix_decoding_max_spec_factor", float),
+                  ("min_token_prob", "suffix_decoding_min_token_prob", float))
+"""suffix's Optuna parameters (``suffix.<short>``), their SpeculativeConfig fields and types."""
+
+
 @dataclass
 class SearchSpace:
+    """Each method in the spec's one entry form (``SpaceSpec.entry``): K, then one categorical
+    Optuna parameter per knob. The parameters of the methods with spec fields of their own keep the
+    names they had (``ngram.window``, ``suffix.max_tree_depth``, ``draft_model.model``), so studies
+    in existing storages resume; an entry's further knobs are ``<method>.<field>``."""
+
     spec: SpaceSpec
     methods: list[str]
     dropped: dict[str, str] = field(default_factory=dict)
@@ -81,9 +116,37 @@ class SearchSpace:
                 methods.append(m)
         return cls(spec=spec, methods=methods, dropped=dropped)
 
-    def _ngram_windows(self) -> list[str]:
-        s = self.spec.ngram
-        return [f"{lo}-{hi}" for lo in s.prompt_lookup_min for hi in s.prompt_lookup_max if lo <= hi]
+    def _ngram_windows(self, method: str = "ngram") -> list[str]:
+        knobs = self.spec.entry(method).knobs
+        return [f"{lo}-{hi}" for lo in knobs["prompt_lookup_min"] for hi in knobs["prompt_lookup_max"] if lo <= hi]
+
+    def choices(self, method: str, *, llamacpp_knobs: bool = True) -> dict[str, list]:
+        """Optuna parameter -> values of every knob of ``method`` but K, in the order candidates
+        are enumerated (the first value of each is the method's first configuration).
+        ``llamacpp_knobs=False`` leaves out llama.cpp's draft knobs, which the candidate list
+        does not enumerate (each is tried only where the sampler proposes it)."""
+        entry = self.spec.entry(method)
+        out: dict[str, list] = {}
+        if method in NGRAM_METHODS:
+            out[f"{method}.window"] = self._ngram_windows(method)
+        elif method == "suffix":
+            for short, key, _ in _SUFFIX_PARAMS:
+                out[f"suffix.{short}"] = list(entry.knobs[key])
+        if entry.models:
+            out[f"{method}.model"] = list(entry.models)
+        if method == "draft_model" and llamacpp_knobs:
+            for knob in ("p_min", "n_min"):
+                if getattr(self.spec, f"draft_{knob}"):
+                    out[f"draft_model.{knob}"] = list(getattr(self.spec, f"draft_{knob}"))
+        for knob, values in self.spec.extra_knobs(method).items():
+            out[f"{method}.{knob}"] = values
+        return out
+
+    def knob_combinations(self, method: str) -> list[dict]:
+        """Every combination of ``method``'s knob parameters (``choices``, without llama.cpp's
+        draft knobs), the first values first."""
+        ch = self.choices(method, llamacpp_knobs=False)
+        return [dict(zip(ch, combo)) for combo in itertools.product(*ch.values())]
 
     def config_from_params(self, params: dict) -> dict | None:
         """Turn Optuna params (as suggested or enqueued) into a speculative config."""
@@ -92,24 +155,23 @@ class SearchSpace:
             return None
         k = int(params[f"{method}.k"])
         cfg: dict = {"method": method, "num_speculative_tokens": k}
+        ch = self.choices(method)
         if method in NGRAM_METHODS:
-            lo, hi = params.get(f"{method}.window", self._ngram_windows()[0]).split("-")
+            lo, hi = params.get(f"{method}.window", ch[f"{method}.window"][0]).split("-")
             cfg.update(prompt_lookup_min=int(lo), prompt_lookup_max=int(hi))
         elif method == "suffix":
-            s = self.spec.suffix
-            cfg.update(
-                suffix_decoding_max_tree_depth=int(params.get("suffix.max_tree_depth", s.max_tree_depth[0])),
-                suffix_decoding_max_spec_factor=float(params.get("suffix.max_spec_factor", s.max_spec_factor[0])),
-                suffix_decoding_min_token_prob=float(params.get("suffix.min_token_prob", s.min_token_prob[0])),
-            )
-        elif method == "draft_model":
-            cfg["model"] = params.get("draft_model.model", self.spec.draft_models[0])
+            for short, key, cast in _SUFFIX_PARAMS:
+                cfg[key] = cast(params.get(f"suffix.{short}", ch[f"suffix.{short}"][0]))
+        if f"{method}.model" in ch:
+            cfg["model"] = params.get(f"{method}.model", ch[f"{method}.model"][0])
+        if method == "draft_model":
             for knob in ("p_min", "n_min"):  # llama.cpp's draft knobs, only when the spec searches them
-                values = getattr(self.spec, f"draft_{knob}")
+                values = ch.get(f"draft_model.{knob}")
                 if values:
                     cfg[f"draft_{knob}"] = type(values[0])(params.get(f"draft_model.{knob}", values[0]))
-        elif method in ("eagle", "eagle3"):
-            cfg["model"] = params.get(f"{method}.model", self.spec.eagle_heads[0])
+        for knob in self.spec.extra_knobs(method):
+            name = f"{method}.{knob}"
+            cfg[knob] = params.get(name, ch[name][0])
         return cfg
 
     def suggest(self, trial) -> dict | None:
@@ -119,20 +181,8 @@ class SearchSpace:
             return None
         kr = self.spec.k_range(method)
         trial.suggest_int(f"{method}.k", kr.min, kr.max)
-        if method in NGRAM_METHODS:
-            trial.suggest_categorical(f"{method}.window", self._ngram_windows())
-        elif method == "suffix":
-            s = self.spec.suffix
-            trial.suggest_categorical("suffix.max_tree_depth", s.max_tree_depth)
-            trial.suggest_categorical("suffix.max_spec_factor", s.max_spec_factor)
-            trial.suggest_categorical("suffix.min_token_prob", s.min_token_prob)
-        elif method == "draft_model":
-            trial.suggest_categorical("draft_model.model", self.spec.draft_models)
-            for knob in ("p_min", "n_min"):
-                if getattr(self.spec, f"draft_{knob}"):
-                    trial.suggest_categorical(f"draft_model.{knob}", getattr(self.spec, f"draft_{knob}"))
-        elif method in ("eagle", "eagle3"):
-            trial.suggest_categorical(f"{method}.model", self.spec.eagle_heads)
+        for name, values in self.choices(method).items():
+            trial.suggest_categorical(name, values)
         return self.config_from_params(trial.params)
 
     def params_for(self, method: str, k: int | None = None) -> dict:
@@ -143,7 +193,11 @@ class SearchSpace:
         kr = self.spec.k_range(method)
         params: dict = {"method": method, f"{method}.k": kr.max if k is None else k}
         if method in NGRAM_METHODS:
-            params[f"{method}.window"] = self._ngram_windows()[0]
+            params[f"{method}.window"] = self._ngram_windows(method)[0]
+        for knob, adaptive in ADAPTIVE_KNOBS.items():  # the static arm first: its counters predict other Ks
+            static = [v for v in self.spec.extra_knobs(method).get(knob, []) if v != adaptive]
+            if static:
+                params[f"{method}.{knob}"] = static[0]
         return params
 
     def knee_k(self, method: str, per_position_rates: list[float], share: float = 0.9) -> int | None:
@@ -160,19 +214,10 @@ class SearchSpace:
         n = 1
         for m in self.methods:
             kr = self.spec.k_range(m)
-            ks = kr.max - kr.min + 1
-            if m in NGRAM_METHODS:
-                n += ks * len(self._ngram_windows())
-            elif m == "suffix":
-                s = self.spec.suffix
-                n += ks * len(list(itertools.product(s.max_tree_depth, s.max_spec_factor, s.min_token_prob)))
-            elif m == "draft_model":
-                n += ks * len(self.spec.draft_models) * max(1, len(self.spec.draft_p_min)) \
-                    * max(1, len(self.spec.draft_n_min))
-            elif m in ("eagle", "eagle3"):
-                n += ks * len(self.spec.eagle_heads)
-            else:
-                n += ks
+            combos = 1
+            for values in self.choices(m).values():
+                combos *= len(values)
+            n += (kr.max - kr.min + 1) * combos
         return n
 
 
@@ -183,16 +228,18 @@ def params_of(config: dict, space: SearchSpace) -> dict:
     if method in NGRAM_METHODS:
         params[f"{method}.window"] = f"{config.get('prompt_lookup_min', 5)}-{config.get('prompt_lookup_max', 5)}"
     elif method == "suffix":
-        for p, key in (("max_tree_depth", "suffix_decoding_max_tree_depth"),
-                       ("max_spec_factor", "suffix_decoding_max_spec_factor"),
-                       ("min_token_prob", "suffix_decoding_min_token_prob")):
+        for short, key, _ in _SUFFIX_PARAMS:
             if key in config:
-                params[f"suffix.{p}"] = config[key]
-    elif method in ("draft_model", "eagle", "eagle3"):
+                params[f"suffix.{short}"] = config[key]
+    if "model" in config:
         params[f"{method}.model"] = config["model"]
+    if method == "draft_model":
         for knob in ("p_min", "n_min"):
             if f"draft_{knob}" in config:
                 params[f"draft_model.{knob}"] = config[f"draft_{knob}"]
+    for knob in space.spec.extra_knobs(method) if method in space.spec.methods else ():
+        if knob in config:
+            params[f"{method}.{knob}"] = config[knob]
     return params
 
 
@@ -200,14 +247,16 @@ def in_space(space: SearchSpace, params: dict) -> bool:
     """Whether enqueued params lie inside the distributions ``space.suggest`` declares (Optuna
     refuses a categorical value outside its choices)."""
     method = params["method"]
+    if method not in space.spec.methods:
+        return False
     kr = space.spec.k_range(method)
     if not kr.min <= int(params[f"{method}.k"]) <= kr.max:
         return False
-    choices = {**{f"{m}.window": space._ngram_windows() for m in NGRAM_METHODS},
-               "suffix.max_tree_depth": space.spec.suffix.max_tree_depth,
-               "suffix.max_spec_factor": space.spec.suffix.max_spec_factor,
-               "suffix.min_token_prob": space.spec.suffix.min_token_prob,
-               "draft_model.model": space.spec.draft_models,
-               "draft_model.p_min": space.spec.draft_p_min, "draft_model.n_min": space.spec.draft_n_min,
-               "eagle.model": space.spec.eagle_heads, "eagle3.model": space.spec.eagle_heads}
-    return all(params[name] in values for name, values in choices.items() if name in params)
+    choices = space.choices(method)
+    return all(_member(params[name], values) for name, values in choices.items() if name in params)
+
+
+def _member(value, values: list) -> bool:
+    """``value`` is one of ``values`` with its type (True is not 1 to Optuna's categoricals)."""
+    return any(value == v and type(value) is type(v) or value == v and not isinstance(v, bool)
+               and not isinstance(value, bool) for v in values)

@@ -436,6 +436,26 @@ def usable_starts(trials) -> tuple[list, list[dict]]:
 COUNTERS = ("drafts", "draft_tokens", "accepted_tokens", "generated_tokens", "itl_count")
 
 
+def per_request_acceptance(trials) -> dict | None:
+    """The acceptance the engine reported per request (vLLM 0.32's ``--per-request-spec-decode-metrics``,
+    summed over each start's measured requests: ``measurement.summary.spec``), pooled over the
+    trials' starts; None unless every start has it, so a pool never mixes it with the /metrics
+    counters, which also count warm-up and equivalence requests. Per request is the figure of
+    exactly the requests measured, which is what the TPOT is of."""
+    steps = accepted = drafted = 0
+    for t in trials:
+        spec = (t.measurement.get("summary") or {}).get("spec") or {}
+        if not spec.get("num_spec_steps"):
+            return None
+        steps += int(spec["num_spec_steps"])
+        accepted += int(spec.get("num_accepted_draft_tokens") or 0)
+        drafted += int(spec.get("num_draft_tokens") or 0)
+    if not steps:
+        return None
+    return {"acceptance_length": 1 + accepted / steps, "acceptance_rate": accepted / drafted if drafted else None,
+            "spec_steps": steps, "accepted_tokens": accepted, "draft_tokens": drafted}
+
+
 def spec_counters(trials) -> dict:
     """Speculation counters summed over the trials' (``_record.TrialRecord``) starts (each ``measurement.spec_delta``),
     with the pool's acceptance length (1 + accepted / drafts) and rate (accepted / draft tokens).
