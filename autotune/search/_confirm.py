@@ -114,9 +114,9 @@ class Confirmation:
         most = max(n, min(most, looks))  # confirm_starts rounds are tried whatever the budget (and say so)
         seed = f"{spec.seed}/{study.name}"
         for i in range(most):
-            done = all(len(study.trials(role=ROLE_CONFIRM, config_key=key)) > i for _, key, _ in sides)
-            if not done and i >= n and not (self.open is not None and self.open()):
-                break  # the decision is settled (or nobody asks): no further round
+            have = [len(study.trials(role=ROLE_CONFIRM, config_key=key)) > i for _, key, _ in sides]
+            if not any(have) and i >= n and not (self.open is not None and self.open()):
+                break  # the decision is settled (or nobody asks): no further round; one begun is finished
             ordered = round_order(seed, i, sides)
             self.record.setdefault("order", []).append([key for _, key, _ in ordered])
             for pos, (params, key, attrs) in enumerate(ordered):
