@@ -45,8 +45,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from autotune.core import _measure
-from autotune.core._spec import SEARCH_TOLERANCE  # noqa: E402
-from autotune.search import _observations, _policy, _predict  # noqa: E402
+from autotune.core._spec import RUNOFF_CONTENDERS, SEARCH_TOLERANCE  # noqa: E402
+from autotune.search import _observations, _policy, _predict, _runoff  # noqa: E402
 from autotune.search._observations import LevelObs, Observation, k_of  # noqa: E402
 from autotune.search._space import NGRAM_METHODS, canonical, label  # noqa: E402
 
@@ -389,6 +389,10 @@ class Trace:
     predictions: list[tuple[float, float, float, float]] = field(default_factory=list)
     """(predicted, lo, hi, measured) of each start the predictor chose."""
     stopped_at: int | None = None
+    pick: str | None = None
+    """The runoff's winner (``_runoff.winner``), when one ran; else the pick is ``incumbent``."""
+    runoff: int = 0
+    """Starts the runoff made."""
 
     def add(self, key: str, obs: Observation, level: int) -> None:
         self.keys.append(key)
@@ -408,7 +412,8 @@ class Trace:
         return None
 
 
-OURS = {"budget": None, "min_gain": SEARCH_TOLERANCE, "repeats": None}
+OURS = {"budget": None, "min_gain": SEARCH_TOLERANCE, "repeats": None, "runoff": RUNOFF_CONTENDERS,
+        "runoff_chance": _runoff.RUNOFF_CHANCE}
 """How ``ours`` runs, as a study with the spec's defaults (``objective.search_tolerance``,
 ``search_repeats``): ``--budget``, ``--min-gain``, ``--repeats`` change it. The H200 grids run
 with ``GPU_BUDGET`` unless ``--budget`` says otherwise."""
@@ -417,7 +422,9 @@ GPU_BUDGET = 6
 then the pick."""
 
 
-def run_ours(grid: Grid, rng: random.Random) -> Trace:
+def run_ours(grid: Grid, rng: random.Random, runoff: int | None = None) -> Trace:
+    """The predictor's search, then the runoff (``_runoff``, the study's code: at most ``runoff``
+    contenders, ``OURS['runoff']`` by default; 0: off), its starts within the same budget."""
     tr = Trace()
     obs: list[Observation] = []
     cands = [c for c in grid.configs if c]
@@ -435,6 +442,27 @@ def run_ours(grid: Grid, rng: random.Random) -> Trace:
             tr.predictions.append((p.mean, p.lo, p.hi, o.levels[grid.level].value))
         obs.append(o)
         tr.add(key, o, grid.level)
+    most = OURS["runoff"] if runoff is None else runoff
+    starts: dict[str, list[float]] = {}
+    for k, v in zip(tr.keys, tr.values):
+        if k != "none":
+            starts.setdefault(k, []).append(v)
+    picked = _runoff.entrants(starts, _predict.estimate_noise(obs, *(grid.noise_prior or ())), most,
+                              OURS["runoff_chance"])
+    room = budget - len(obs)
+    if len(picked) >= 2 and room >= 2:
+        keys = _runoff.order(f"{grid.name}", [k for k, _ in picked][:room])
+        for key in keys:
+            o = grid.draw(key, rng)
+            obs.append(o)
+            tr.add(key, o, grid.level)
+            starts[key].append(o.levels[grid.level].value)
+        tr.runoff = len(keys)
+        won = _runoff.winner(starts, keys)
+        # the runoff picks among the speculative configurations (the one the study confirms against no
+        # speculation); the search's pick stays no speculation where that measured faster
+        base = [v for k, v in zip(tr.keys, tr.values) if k == "none"]
+        tr.pick = won if not base or statistics.mean(starts[won]) <= statistics.mean(base) else "none"
     return tr
 
 
@@ -530,7 +558,8 @@ def run_before(grid: Grid, rng: random.Random, seed: int) -> Trace:
     return run_tpe(grid, rng, seed, first=first)
 
 
-STRATEGIES = ("ours", "before", "tpe", "random", "grid")
+STRATEGIES = ("ours", "ours-off", "before", "tpe", "random", "grid")
+"""``ours-off``: ours with the runoff off (``objective.runoff_contenders: 0``), on the same draws."""
 
 
 # --------------------------------------------------------------------------- evaluation
@@ -626,7 +655,7 @@ def pair_ceiling(grid: Grid, draws: int = 4000) -> dict:
             "starts_each_for_95pct": need}
 
 
-def evaluate(grid: Grid, seeds: int) -> dict:
+def evaluate(grid: Grid, seeds: int, strategies: tuple[str, ...] = STRATEGIES) -> dict:
     n = len(grid.configs)
     out: dict = {"grid": grid.name, "source": grid.source, "configs": n,
                  "starts_per_config": statistics.mean(len(v) for v in grid.starts.values()),
@@ -639,15 +668,19 @@ def evaluate(grid: Grid, seeds: int) -> dict:
     # cannot be told from the best by the grid, and a pick of it is no miss the grid can show
     tied = set((res or {}).get("may_be_best") or {})
     preds = []
-    for name in STRATEGIES:
+    for name in strategies:
         reach, fails, stops, pick_ok, regret, pick_tied = [], 0, [], [], [], []
+        runoffs = []
         for s in range(seeds):
-            rng = random.Random(f"{grid.name}-{name}-{s}")
-            if name == "ours":
-                tr = run_ours(grid, rng)
-                preds += tr.predictions
+            # ours and ours-off draw the same starts until the runoff
+            rng = random.Random(f"{grid.name}-{name.removesuffix('-off')}-{s}")
+            if name in ("ours", "ours-off"):
+                tr = run_ours(grid, rng, runoff=0 if name == "ours-off" else None)
+                if name == "ours":
+                    preds += tr.predictions
                 stops.append(len(tr.keys))
-                pick = tr.incumbent(len(tr.keys))
+                runoffs.append(tr.runoff)
+                pick = tr.pick or tr.incumbent(len(tr.keys))
                 pick_ok.append(grid.ok(pick))
                 pick_tied.append(grid.ok(pick) or label(grid.starts[pick][0].config) in tied)
                 regret.append(grid.excess(pick))
@@ -678,6 +711,8 @@ def evaluate(grid: Grid, seeds: int) -> dict:
             d["pick_regret_max"] = max(regret)
         if stops:
             d["mean_starts_at_stop"] = statistics.mean(stops)
+            d["mean_runoff_starts"] = statistics.mean(runoffs)
+            d["runoff_share"] = statistics.mean(r > 0 for r in runoffs)
             d["max_starts_at_stop"] = max(stops)
             d["pick_within_3pct"] = statistics.mean(pick_ok)
             # the target's second reading: within 3%, or statistically indistinguishable from the
@@ -727,6 +762,41 @@ def table(results: list[dict], seeds: int) -> str:
                  f"{mean['ours'] / mean['grid']:.2f} | "
                  f"{mean['before']:.2f} | {mean['tpe']:.2f} | {mean['random']:.2f} | {mean['grid']:.2f} |")
     return "\n".join(lines)
+
+
+RUNOFF_GROUPS = (("GPU: H100 real-model grid", ("h100-",)), ("GPU: H200 rounds", ("h200-r",)),
+                 ("GPU: H200 2026-11-29 rows", ("h200/",)), ("CPU grids", ("cpu/",)))
+
+
+def runoff_table(results: list[dict]) -> str:
+    """The runoff's effect, off against on, on the same draws: the pick within 3% of the grid's
+    best, within 3% or tied with the best at the grid's own resolution (GPU grids), the pick's mean
+    excess over the best, the starts at the pick (runoff included), how often the runoff ran."""
+    def cells(d):
+        tied = d.get("pick_within_3pct_or_indistinguishable")
+        return (f"{d['pick_within_3pct']:.0%} / {'-' if tied is None else format(tied, '.0%')} | "
+                f"{d['pick_regret_mean']:.1%} | {d['mean_starts_at_stop']:.2f}")
+    lines = ["| grid | off: within 3% / or tied | off: mean excess | off: starts | on: within 3% / or tied "
+             "| on: mean excess | on: starts | runoff ran (starts) |", "|---|---|---|---|---|---|---|---|"]
+    groups = []
+    for name, prefixes in RUNOFF_GROUPS:
+        rows = [r for r in results if r["grid"].startswith(prefixes) and "ours-off" in r["strategies"]]
+        if not rows:
+            continue
+        for r in rows:
+            on, off = r["strategies"]["ours"], r["strategies"]["ours-off"]
+            lines.append(f"| {r['grid']} | {cells(off)} | {cells(on)} | {on['runoff_share']:.0%} "
+                         f"({on['mean_runoff_starts']:.2f}) |")
+        mean = {k: {f: statistics.mean(r["strategies"][k][f] for r in rows)
+                    for f in ("pick_within_3pct", "pick_regret_mean", "mean_starts_at_stop")}
+                for k in ("ours", "ours-off")}
+        for k in mean:
+            tied = [r["strategies"][k].get("pick_within_3pct_or_indistinguishable") for r in rows]
+            mean[k]["pick_within_3pct_or_indistinguishable"] = statistics.mean(tied) if None not in tied else None
+        ran = statistics.mean(r["strategies"]["ours"]["runoff_share"] for r in rows)
+        groups.append(f"| **{name}** ({len(rows)} grids) | {cells(mean['ours-off'])} | {cells(mean['ours'])} | "
+                      f"{ran:.0%} |")
+    return "\n".join(lines + groups)
 
 
 def error_table(results: list[dict]) -> str:
@@ -948,6 +1018,14 @@ then TPE); TPE is Optuna's sampler as the study configures it; "grid" needs ever
 
 {table(results, seeds)}
 
+The runoff (`objective.runoff_contenders: {OURS['runoff']}`, entry at a chance of at least
+{OURS['runoff_chance']:.0%} of beating the best at the search's noise; `autotune/search/_runoff.py`, the code a
+study runs): "ours" runs it when the search stops, "ours-off" is the same search on the same draws
+with it off. Its starts come out of the same budget ({GPU_BUDGET} starts on the GPU grids), so on a
+GPU grid it runs only where the search stopped early:
+
+{runoff_table(results)}
+
 Predictor error (the configurations it had not seen; truth = the grid's statistic over all
 recorded starts):
 
@@ -964,6 +1042,37 @@ tiny models and with SmolLM2-135M, `cpu/code-smollm2`; llama.cpp b11434 with Smo
     from benchmarks._docs import replace_section
 
     replace_section(DOCS, SECTION, body, "# Benchmarks\n")
+
+
+RUNOFF_RESULTS = RESULTS / "search-runoff.json"
+RUNOFF_SECTION = "## Search: the runoff, off and on"
+
+
+def write_runoff_docs(results: list[dict], seeds: int) -> None:
+    """The runoff's section of the docs, from a run of ours and ours-off alone (``--only-ours``:
+    seconds, where the full run with TPE takes far longer)."""
+    from benchmarks._docs import replace_section
+
+    body = f"""{RUNOFF_SECTION}
+
+When the search stops, the runoff (`objective.runoff_contenders: {OURS['runoff']}`, `autotune/search/_runoff.py`,
+the code a study runs) gives its best and at most {OURS['runoff']} measured configurations at least
+{OURS['runoff_chance']:.0%} likely to be faster than it one more start each, and picks like with like (the mean
+of the same number of first starts each). "on" is the search with it, "off" the same search on the same
+draws without it, {seeds} seeds; its starts come out of the same budget ({GPU_BUDGET} starts on the GPU grids,
+so there it runs only where the search stopped early). "or tied": within 3%, or the drawn best in 5% or more
+of the grid's own resolution draws; excess: the pick's grid TPOT over the best's; starts: at the pick,
+runoff included.
+
+{runoff_table(results)}
+
+Until the full run (`python benchmarks/search.py`, whose table then shows "ours" with the runoff and
+"ours-off" beside it) is redone, the section above shows the search without it: its "ours" is "off" here.
+
+Redo: `python benchmarks/search.py --only-ours` (seconds; writes `benchmarks/results/search-runoff.json` and
+this section; `--runoff N --runoff-chance P` for other settings).
+"""
+    replace_section(DOCS, RUNOFF_SECTION, body, "# Benchmarks\n")
 
 
 def main(argv=None) -> int:
@@ -984,9 +1093,17 @@ def main(argv=None) -> int:
     ap.add_argument("--min-gain", type=float, default=SEARCH_TOLERANCE,
                     help="ours: the gain worth a start (objective.search_tolerance; default %(default)s; "
                          "0: the measured noise, the stopping margin before search_tolerance)")
+    ap.add_argument("--runoff", type=int, default=RUNOFF_CONTENDERS,
+                    help="ours: objective.runoff_contenders (default %(default)s; ours-off runs it at 0)")
+    ap.add_argument("--runoff-chance", type=float, default=_runoff.RUNOFF_CHANCE,
+                    help="ours: a contender's chance of beating the best to enter the runoff (default %(default)s)")
+    ap.add_argument("--only-ours", action="store_true",
+                    help="only ours and ours-off (the runoff's effect): writes benchmarks/results/search-runoff.json "
+                         "(unless --out) and, on every grid without --no-docs, the runoff section of the docs")
     ap.add_argument("--repeats", choices=("on", "off"),
                     help="ours: may start a measured configuration again (default: as the grid's spec says)")
     args = ap.parse_args(argv)
+    OURS.update(runoff=args.runoff, runoff_chance=args.runoff_chance)
     OURS.update(budget=args.budget, min_gain=args.min_gain or None,
                 repeats=None if args.repeats is None else args.repeats == "on")
     if args.add_study:
@@ -1007,19 +1124,28 @@ def main(argv=None) -> int:
         print("no recorded grids found", file=sys.stderr)
         return 1
     results = []
+    strategies = ("ours", "ours-off") if args.only_ours else STRATEGIES
     for g in grids:
-        r = evaluate(g, args.seeds)
+        r = evaluate(g, args.seeds, strategies)
         results.append(r)
         s = r["strategies"]
         print(f"{g.name:16s} {r['configs']:2d} configs  best {r['best']:28s} " +
-              "  ".join(f"{k} {s[k]['mean_starts']:.2f}" for k in STRATEGIES) +
+              "  ".join(f"{k} {s[k]['mean_starts']:.2f}" for k in strategies) +
               f"  ours stops at {s['ours']['mean_starts_at_stop']:.2f} ({s['ours']['pick_within_3pct']:.0%} ok"
               + (f", {s['ours']['pick_within_3pct_or_indistinguishable']:.0%} ok or tied at the grid's resolution)"
                  if s['ours'].get('pick_within_3pct_or_indistinguishable') is not None else ")"),
               flush=True)
+    if args.only_ours and args.out == str(RESULTS / "search.json"):
+        args.out = str(RUNOFF_RESULTS)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"seeds": args.seeds, "tolerance": TOLERANCE, "grids": results},
-                                         indent=2, default=str) + "\n")
+    Path(args.out).write_text(json.dumps({"seeds": args.seeds, "tolerance": TOLERANCE,
+                                          "runoff": {"contenders": OURS["runoff"], "chance": OURS["runoff_chance"]},
+                                          "grids": results}, indent=2, default=str) + "\n")
+    print(runoff_table(results))
+    if args.only_ours:
+        if not (args.no_docs or args.grids or args.noise_scale != "1"):
+            write_runoff_docs(results, args.seeds)
+        return 0
     print(table(results, args.seeds))
     print(error_table(results))
     if not (args.no_docs or args.grids):

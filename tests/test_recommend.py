@@ -779,8 +779,10 @@ def test_contenders_are_the_measured_configs_the_starts_cannot_rule_out(spec):
     assert all(x["config"] != SUFFIX for x in ev["contenders"])  # twice as slow: no contender
     assert c["config"] == k5 and c["starts"] == 1 and c["measured_gap"] == pytest.approx(0.02, abs=0.005)
     assert 0.3 < c["chance_faster"] < 0.5  # 2% slower on one start, at 8% noise: nearly a coin toss
+    assert any(line.startswith("could not tell apart from: ") and "ngram K=5" in line for line in comparison_lines(ev))
+    old = {k: v for k, v in ev.items() if k != "indistinguishable"}  # a file written before the field
     assert any(line.startswith("as good as the winner as far as these starts tell") and "ngram K=5" in line
-               for line in comparison_lines(ev))
+               for line in comparison_lines(old))
     tight = [*_baseline(spec), *_starts(spec, NGRAM, 10.0, [10.1, 9.9, 10.05, 9.95]),
              _trial(k5, _tpot(10.5), guards=spec.guards)]
     assert decide(study_record(FakeStudy(spec, tight))).evidence["contenders"] == []  # 5% apart at 1% noise, 3 df: told apart
@@ -865,3 +867,29 @@ def test_futility_never_turns_a_shown_gain_into_a_keep(spec):
     # the interval is labelled with what the looks promise together, and this look's share
     assert "95% CI (repeated: " in d.reason and d.evidence["confidence"] == 0.95
     assert 0.95 < d.evidence["look_confidence"] < 1.0  # look 3 of 4: 98.4%
+
+
+def test_a_winner_its_own_evidence_finds_likely_slower_is_never_presented_silently(spec):
+    """``make run`` on a fresh clone: suffix K=8 picked on one search start (0.86 ms) whose two
+    confirmation starts ran 1.46 and 1.38 ms, ngram K=8 measured once at 0.97 ms, no runoff to
+    compare them like with like. The change against no speculation stands, but the evidence's own
+    figures make ngram K=8 96% likely faster: the recommendation says so in a warning (reason,
+    evidence, the file's ``warning``) and lists it among the configurations it could not tell apart."""
+    ngram8 = {**NGRAM, "num_speculative_tokens": 8}
+    trials = [*_baseline(spec, 2.4), *_starts(spec, SUFFIX, 0.86, [1.46, 1.38], throughput=290.0),
+              _trial(ngram8, _tpot(0.97), throughput=290.0, guards=spec.guards)]
+    for t in trials:  # sub-millisecond TPOTs: the per-request spread scaled with them
+        m = t.user_attrs["measurement"]
+        c = statistics.median(m["tpot_ms"])
+        m["tpot_ms"] = [c + (v - c) * 0.05 for v in m["tpot_ms"]]
+    d = decide(study_record(FakeStudy(spec, trials)))
+    assert d.winner == SUFFIX and d.decision == "change", d.reason
+    ev = d.evidence
+    (x,) = ev["likely_faster"]
+    assert x["label"] == "ngram K=8 w=2-4" and x["chance_faster"] > 0.9 and x["starts"] == 1
+    assert "against the winner's confirmation starts" in x["basis"]
+    assert "WARNING: ngram K=8 w=2-4 is likely faster" in d.reason
+    assert "more likely faster than the winner suffix K=8" in ev["warning"]
+    assert _payload._warnings(spec, ev["warning"])["warning"].startswith("LIKELY NOT THE FASTEST")
+    (line,) = [s for s in comparison_lines(ev) if s.startswith("could not tell apart from: ")]
+    assert "ngram K=8 w=2-4 (9" in line

@@ -95,9 +95,10 @@ def test_predictor_search_finds_the_grid_winner_and_stops_by_itself(tmp_path, mo
     w = Workload(rates=RATES)
     study, outcome, fm = run_study(tmp_path, monkeypatch, w, make_spec(tmp_path))
     truth = {k: w.tpot(ngram(k), 4) for k in range(1, 9)}
-    best = study.best()
+    best = study.best(search_only=True)  # the winner the confirmation started (the runoff's, where one ran)
     assert truth[best.user_attrs["config"]["num_speculative_tokens"]] <= min(truth.values()) * 1.03
-    search = [t for t in study.trials() if t.user_attrs["role"] in ("baseline", "search")]
+    search = [t for t in study.trials() if t.user_attrs["role"] in ("baseline", "search")
+              and "runoff_round" not in t.user_attrs]  # the runoff's starts apart
     # the grid: 9 configurations; baseline, K_max, its acceptance knee, the predicted best, and its
     # neighbours checked (both of them here: the best was measured once, at the default 3% noise,
     # so a neighbour predicted within that noise of it stays open)
@@ -242,7 +243,8 @@ def test_the_search_is_one_optuna_optimize_ended_by_the_samplers_stop(tmp_path, 
     assert len(stops) == 1 and stops[0].state == optuna.trial.TrialState.PRUNED
     assert stops[0].user_attrs["stop"] == outcome.stopped_because
     assert plain.user_attrs["stopped_because"] == outcome.stopped_because
-    assert not any(t.number > stops[0].number and t.user_attrs.get("role") == "search" for t in plain.trials)
+    assert not any(t.number > stops[0].number and t.user_attrs.get("role") == "search"
+                   and "runoff_round" not in t.user_attrs for t in plain.trials)  # the runoff's starts apart
     assert len(fm.calls) == study.server_starts()  # the stop trial started nothing
     measured = [t for t in plain.trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert all(t.params["method"] in (NONE, "ngram") for t in measured)
@@ -254,7 +256,8 @@ def test_the_search_is_one_optuna_optimize_ended_by_the_samplers_stop(tmp_path, 
 def test_grid_and_random_samplers_measure_every_candidate_once_then_stop(tmp_path, monkeypatch, search):
     spec = make_spec(tmp_path, search=search)
     study, outcome, fm = run_study(tmp_path, monkeypatch, Workload(rates=RATES), spec)
-    ks = [t.user_attrs["config"]["num_speculative_tokens"] for t in study.trials(role="search")]
+    ks = [t.user_attrs["config"]["num_speculative_tokens"] for t in study.trials(role="search")
+          if "runoff_round" not in t.user_attrs]  # the runoff's starts apart
     assert sorted(ks) == list(range(1, 9))  # every candidate, none twice
     assert outcome.stopped_because in (f"{search}: every candidate was measured",
                                        "every configuration in the space was measured")
@@ -364,7 +367,8 @@ def test_a_noisy_host_starts_a_close_rival_again_and_the_best_is_the_mean(tmp_pa
         d = tmp_path / str(repeats)
         d.mkdir()
         spec = make_spec(d, budget={"max_trials": 8, "max_server_starts": 16, "max_wall_minutes": 10},
-                         objective={"start_noise": {"cv": 0.07, "df": 40}, "search_repeats": repeats})
+                         objective={"start_noise": {"cv": 0.07, "df": 40}, "search_repeats": repeats,
+                                    "runoff_contenders": 0})  # the search's own pick (the runoff's: below)
         study, outcome, fm = run_study(d, monkeypatch, w, spec)
         search = [t for t in study.trials() if t.user_attrs["role"] == "search"]
         runs[repeats] = (study, search)
@@ -444,3 +448,100 @@ def test_a_study_starts_from_the_bands_tax_earlier_nights_measured_on_this_hardw
     elsewhere = _study.Study(spec2, caps, space, spec2.storage, ["vllm", "serve"], tmp_path / "home",
                              hardware="gpu:NVIDIA H100 80GB HBM3 x1")
     assert elsewhere.use_earlier_bands_tax() is None and elsewhere.sampler.bands_tax is None
+
+
+def _scripted(centers: dict):
+    """A stand-in engine whose n-th start of a configuration runs at ``centers[k][n]`` ms (the last
+    one repeats): a lucky first start, then the configuration's own speed."""
+    made: dict = {}
+
+    def measure(spec, config, requests, warmup, log_path, command, on_server=None, extra_args=None, pid_dir=None,
+                reserve=None, **kw):
+        k = config["num_speculative_tokens"] if config else 0
+        seq = centers[k]
+        c = seq[min(made.get(k, 0), len(seq) - 1)]
+        made[k] = made.get(k, 0) + 1
+        vals = [c * (1 + 0.002 * ((i * 7) % 11 - 5)) for i in range(24)]
+        delta = {"drafts": 100.0, "draft_tokens": 100.0 * k, "accepted_tokens": 250.0,
+                 "accepted_per_position": [], "generated_tokens": 24 * 64, "per_position_rates": [],
+                 "acceptance_length": 3.5} if config else \
+            {"drafts": 0.0, "draft_tokens": 0.0, "accepted_tokens": 0.0, "accepted_per_position": [],
+             "generated_tokens": 24 * 64, "per_position_rates": [], "acceptance_length": None}
+        outs = {r.id: hashlib.sha1(r.id.encode()).hexdigest()[:16] for r in requests}
+        return Measurement(config=config, argv=["vllm", "serve"], log_path=str(log_path), start_seconds=1.0,
+                           wall_seconds=2.0, summary={"failed": 0, "n": 24, "output_throughput_tok_s": 4000.0 / c},
+                           spec_delta=delta, tpot_ms=vals, client_tpot_ms=vals, tpot_source="server",
+                           outputs=outs, tags=[None] * 24, levels={})
+
+    measure.made = made
+    return measure
+
+
+def _lucky_study(tmp_path, monkeypatch, budget, **objective):
+    """``make run``'s case on a stand-in: K=8 picked on one lucky start (8.6 ms) that its later
+    starts never repeat (14.2 ms), K=7 steady at 9.7 ms, no speculation 16 ms; the spec's noise 12%."""
+    from autotune.decide import _decision
+
+    spec = make_spec(tmp_path, search="grid", budget=budget,
+                     objective={"start_noise": {"cv": 0.12, "df": 20}, "confirm_max_starts": 2, **objective})
+    spec = spec.model_copy(update={"space": spec.space.model_copy(update={"k": spec.space.k.model_copy(
+        update={"min": 7, "max": 8})})})
+    caps = Capabilities(version="0.32.0", methods=["ngram"], fields=FIELDS, arctic_inference=False)
+    fm = _scripted({0: [16.0], 8: [8.6, 14.2], 7: [9.7]})
+    monkeypatch.setattr(_study, "measure", fm)
+    study = _study.Study(spec, caps, SearchSpace.build(spec.space, caps), spec.storage, ["vllm", "serve"],
+                         tmp_path / "home")
+    study.confirm_open = lambda: _decision.open_question(study_record(study))
+    study.run()
+    return study, fm
+
+
+def test_the_runoff_starts_a_lucky_best_and_its_contender_again_and_confirms_the_winner_like_with_like(
+        tmp_path, monkeypatch):
+    """The search stops with K=8 best on one lucky start and K=7 a contender (24% likely faster at
+    the spec's 12% noise): each gets one more start, in the runoff's drawn order, K=7 wins on the
+    mean of the first two starts of each, and the confirmation starts K=7, not the lucky K=8. A
+    resumed run starts nothing again, and the recommendation reports no configuration likely faster
+    than its winner."""
+    from autotune.decide import decide
+    from autotune.search import _runoff
+
+    study, fm = _lucky_study(tmp_path, monkeypatch, {"max_trials": 6, "max_server_starts": 20, "max_wall_minutes": 10})
+    k7, k8 = canonical(ngram(7) | {"prompt_lookup_min": 1, "prompt_lookup_max": 4}), \
+        canonical(ngram(8) | {"prompt_lookup_min": 1, "prompt_lookup_max": 4})
+    ran = sorted((t for t in study.trials() if "runoff_round" in t.user_attrs), key=lambda t: t.number)
+    plan = study.study.user_attrs["runoff"]
+    assert plan["entrants"] == [k8, k7] and plan["chances"][k7] > 0.2
+    assert [t.user_attrs["config_key"] for t in ran] == plan["order"] == _runoff.order(f"{study.spec.seed}/{study.name}",
+                                                                                       [k8, k7])
+    assert [(t.user_attrs["runoff_round"], t.user_attrs["runoff_position"], t.user_attrs["claim_key"]) for t in ran] \
+        == [(0, i, f"runoff/0/{k}") for i, k in enumerate(plan["order"])]
+    assert all(t.user_attrs["role"] == "search" for t in ran)  # search starts as far as the budget goes
+    assert study.best(search_only=True).user_attrs["config_key"] == k7
+    assert {t.user_attrs["config_key"] for t in study.trials(role="confirm")} == {NONE, k7}
+    starts = sum(fm.made.values())
+    study.runoff()  # a resumed run: the runoff is done, nothing starts again
+    assert sum(fm.made.values()) == starts
+    ev = decide(study_record(study)).evidence
+    assert ev["winner"]["config"]["num_speculative_tokens"] == 7
+    assert ev["runoff"]["winner"] == "ngram K=7 w=1-4" and ev["runoff"]["starts_each"] == 2
+    assert "likely_faster" not in ev and "warning" not in ev
+    assert all(x["chance_faster"] < 0.5 for x in ev["indistinguishable"])
+
+
+def test_a_runoff_the_budget_cannot_pay_is_skipped_and_said(tmp_path, monkeypatch):
+    """The search's trials are spent (max_trials 3: baseline, K=8, K=7): no runoff start, the
+    study's notes and the evidence say why; with runoff_contenders 0 nothing is planned."""
+    from autotune.decide import decide
+
+    study, fm = _lucky_study(tmp_path, monkeypatch, {"max_trials": 3, "max_server_starts": 20, "max_wall_minutes": 10})
+    assert not [t for t in study.trials() if "runoff_round" in t.user_attrs]
+    assert any(n.startswith("runoff: no room in the budget") for n in study.notes)
+    ev = decide(study_record(study)).evidence
+    assert ev["runoff"]["skipped"].startswith("no room in the budget for the runoff of 2 configurations")
+    d = tmp_path / "off"
+    d.mkdir()
+    study, _ = _lucky_study(d, monkeypatch, {"max_trials": 6, "max_server_starts": 20, "max_wall_minutes": 10},
+                            runoff_contenders=0)
+    assert "runoff" not in study.study.user_attrs and study.best(search_only=True).user_attrs["config_key"] == \
+        canonical(ngram(8) | {"prompt_lookup_min": 1, "prompt_lookup_max": 4})

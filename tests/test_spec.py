@@ -168,6 +168,16 @@ def test_unknown_objective_statistic(tmp_path):
     assert "'p42'" in msg and "median" in msg
 
 
+def test_runoff_contenders_is_a_count_of_zero_or_more(tmp_path):
+    from autotune.core._spec import RUNOFF_CONTENDERS, load_spec
+
+    assert load_spec(_write(tmp_path, VALID)).objective.runoff_contenders == RUNOFF_CONTENDERS == 2
+    text = VALID + "objective:\n  runoff_contenders: -1\n"
+    msg = _spec_error(_write(tmp_path, text))
+    assert f"{_line(text, 'runoff_contenders:')}: field 'objective.runoff_contenders'" in msg
+    assert load_spec(_write(tmp_path, VALID + "objective:\n  runoff_contenders: 0\n")).objective.runoff_contenders == 0
+
+
 def test_draft_model_without_draft_models(tmp_path):
     text = VALID + "space:\n  methods: [ngram, draft_model]\n"
     p = _write(tmp_path, text)

@@ -380,6 +380,10 @@ CONFIRM_ROUNDS = 4
 """Default confirmation rounds at most (``objective.confirm_max_starts``): the winner's own noise
 needs two of its starts, and four rounds see a 20% gain at 6% start-to-start noise in about nine
 nights of ten (benchmarks/decisions.py)."""
+RUNOFF_CONTENDERS = 2
+"""Default ``objective.runoff_contenders``: at most this many measured configurations that could
+still beat the search's best get one more start each beside it before the confirmation
+(``search._runoff``; chosen on benchmarks/search.py, docs/figures/search.md)."""
 
 
 class StartNoiseSpec(StartNoisePrior):
@@ -425,6 +429,12 @@ class ObjectiveSpec(_Model):
                                  "each cannot rank configurations a few percent apart on a noisy machine); off by "
                                  "default, since on a host whose noise is near the tolerance it spends the whole "
                                  "budget; the H200 specs turn it on (docs/benchmarks.md, round 11)")
+    runoff_contenders: int = Field(default=RUNOFF_CONTENDERS, ge=0, description="when the search stops: at most "
+                                   "this many measured configurations that could still be faster than its best "
+                                   "(chance >= 20% at the search's noise) get one more start each beside the best, "
+                                   "in a random order, and the winner that goes into confirmation is chosen like "
+                                   "with like (the same number of first starts each); the starts come out of the "
+                                   "search's budget, the confirmation's reserve kept; 0: off (docs/decisions.md)")
 
     @field_validator("statistic")
     @classmethod

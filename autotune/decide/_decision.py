@@ -17,8 +17,9 @@ import datetime as dt
 from dataclasses import dataclass
 
 from autotune.core import _measure
-from autotune.decide._noise import (FUTILITY_POWER as FUTILITY, PRECISION, _ci, _comparisons, _fmt_ci, _label,
-                                    _noise_evidence, _plan, _precise, contenders, futility)
+from autotune.decide._noise import (FUTILITY_POWER as FUTILITY, LIKELY_FASTER, PRECISION, _ci, _comparisons, _fmt_ci,
+                                    _label, _noise_evidence, _plan, _precise, contenders, futility, indistinguishable,
+                                    runoff_evidence)
 from autotune.search._levels import profile_groups
 from autotune.search._record import StudyRecord
 from autotune.search._space import NONE, canonical, label
@@ -94,6 +95,11 @@ def decide(study: StudyRecord, history: list[dict] | None = None) -> Decision:
     their own studies' start-to-start variance is pooled into tonight's (same model, vLLM,
     concurrency and statistic; the last ``HISTORY_NIGHTS``)."""
     d = _decide(study, history)
+    likely = d.evidence.get("likely_faster")
+    if likely:
+        d.evidence["warning"] = likely_faster_warning(d.evidence.get("winner", {}).get("config"), likely)
+        d.reason += ("; WARNING: " + ", ".join(f"{x['label']} is likely faster ({x['chance_faster']:.0%})" for x in likely)
+                     + " (evidence.likely_faster)")
     rs = study.replay_set
     prov = replay_provenance(rs.path) if rs is not None else {}
     if prov.get("acceptance_measurable", True) or d.decision != "change":
@@ -108,6 +114,16 @@ def decide(study: StudyRecord, history: list[dict] | None = None) -> Decision:
     return Decision("keep", why + ("; keep serving without speculation" if incumbent_key == NONE
                                    else "; keep the deployed config"),
                     study.spec.incumbent if incumbent_key != NONE else None, d.evidence)
+
+
+def likely_faster_warning(winner: dict | None, likely: list[dict]) -> str:
+    """What the recommendation says when its own evidence finds a measured configuration more
+    likely faster than the winner than not (``evidence.likely_faster``)."""
+    names = ", ".join(f"{x['label']} ({x['chance_faster']:.0%}, {x['basis']})" for x in likely)
+    return (f"the study's own starts say {names} "
+            f"{'is' if len(likely) == 1 else 'are'} more likely faster than the winner {fmt_config(winner)} than not: "
+            "the study could not tell them apart; objective.runoff_contenders compares such configurations like "
+            "with like before the confirmation")
 
 
 def damp(d: Decision, study: StudyRecord, previous: dict | None, now: dt.datetime | None = None) -> Decision:
@@ -186,6 +202,9 @@ def _decide(study: StudyRecord, history: list[dict] | None = None) -> Decision:
         "confirmation": {"fresh_requests": conf_info.get("fresh_requests"), "rounds": conf_info.get("rounds"),
                          "skipped": conf_info.get("skipped"), "order": conf_info.get("order")},
     }
+    runoff = runoff_evidence(study)
+    if runoff is not None:
+        evidence["runoff"] = runoff
     if profile_groups(baseline):  # a concurrency profile: each start's traffic-weighted per-level statistic
         evidence["objective"] = "traffic-weighted per-level " + statistic
     ci_in = _ci(c, "B", "I") if deployed else None  # incumbent vs no speculation
@@ -248,6 +267,10 @@ def _decide(study: StudyRecord, history: list[dict] | None = None) -> Decision:
     evidence["winner"] = _side(wtrials, statistic, c["W"])
     evidence["winner"]["config"] = cfg
     evidence["contenders"] = contenders(c, key)
+    evidence["indistinguishable"] = indistinguishable(study, c, key)
+    likely = [x for x in evidence["indistinguishable"] if x["chance_faster"] > LIKELY_FASTER]
+    if likely:
+        evidence["likely_faster"] = likely
     short = drafts_short(wtrials)
     if short:
         evidence["drafts_short"] = short

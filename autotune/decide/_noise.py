@@ -20,6 +20,7 @@ import math
 from autotune.core import _measure
 from autotune.core._spec import NOISE_CLASSES
 from autotune.search._levels import measurement_objective
+from autotune.search import _runoff
 from autotune.search._record import StudyRecord
 from autotune.search._space import NONE, canonical, label
 from autotune.search._trial import usable_starts
@@ -186,6 +187,23 @@ CONTENDER_CHANCE = 0.05
 winner is at least this."""
 
 
+def _versus(c: dict, key: str, win_key: str) -> tuple[float, float] | None:
+    """(log gap, chance of being faster) of config ``key`` against the winner in the decision's
+    terms: all its usable starts against the winner's (its confirmation starts where it has them),
+    one-sided t at each side's class noise. None where a class has no noise of its own yet."""
+    from scipy.stats import t as t_dist
+
+    samples = c.get("samples") or {}
+    w, logs = samples.get(win_key) or [], samples.get(key) or []
+    noise = {cls: d["noise"] for cls, d in c["by_class"].items()}
+    nw, nc = noise[noise_class(win_key)], noise[noise_class(key)]
+    if not w or not logs or nw.df <= 0 or nc.df <= 0:
+        return None
+    d = sum(logs) / len(logs) - sum(w) / len(w)
+    se = math.sqrt(nc.sd ** 2 / len(logs) + nw.sd ** 2 / len(w))
+    return d, (float(t_dist.cdf(-d / se, min(nc.df, nw.df))) if se > 0 else float(d < 0))
+
+
 def contenders(c: dict, win_key: str | None, limit: int = 5) -> list[dict]:
     """The measured configurations the study cannot rule out as faster than its winner, at its own
     start-to-start noise: for each, its starts, its measured gap to the winner (positive: slower)
@@ -193,30 +211,110 @@ def contenders(c: dict, win_key: str | None, limit: int = 5) -> list[dict]:
     selection start left out where it has confirmation starts, as in the decision). Ks a few
     percent apart under about 10% start-to-start noise stay contenders after a study's few starts
     (docs/benchmarks.md, the search benchmark's pair ceiling): the SRE sees which alternatives are
-    as good as far as the study can tell, instead of one K stated as the answer."""
+    as good as far as the study can tell, instead of one K stated as the answer. Its starts and
+    the winner's may have run different requests (search, confirmation): ``indistinguishable``
+    compares like with like where it can."""
+    out = []
+    for key, logs in (c.get("samples") or {}).items():
+        v = _versus(c, key, win_key) if key != win_key and logs else None
+        if v is not None and v[1] >= CONTENDER_CHANCE:
+            cfg = None if key == NONE else json.loads(key)
+            out.append({"config": cfg, "label": label(cfg), "starts": len(logs), "measured_gap": math.expm1(v[0]),
+                        "chance_faster": v[1]})
+    return sorted(out, key=lambda x: -x["chance_faster"])[:limit]
+
+
+LIKELY_FASTER = 0.5
+"""A configuration whose chance of being faster than the winner is above this is likely faster:
+the recommendation says so in a warning (``evidence.likely_faster``) rather than present the
+winner as the answer."""
+
+
+def search_starts(study: StudyRecord) -> dict[str, list[float]]:
+    """Each feasible speculative configuration's starts on the search requests (search and runoff
+    starts; the objective, in the order measured): the same figures ``Study.search_starts`` gives
+    the runoff, so the evidence judges like with like as the runoff did."""
+    stat = study.spec.objective.statistic
+    out: dict[str, list[float]] = {}
+    for t in sorted(study.trials(), key=lambda t: t.number):
+        if t.config_key == NONE or t.role == ROLE_CONFIRM or not t.constraints \
+                or not all(v <= 0 for v in t.constraints.values()):
+            continue
+        m = t.measurement
+        v = measurement_objective(m.get("levels"), m["tpot_ms"], stat) if m.get("tpot_ms") else t.value
+        if v is not None and v > 0 and math.isfinite(v):
+            out.setdefault(t.config_key, []).append(v)
+    return out
+
+
+def runoff_entrants(study: StudyRecord, starts: dict[str, list[float]]) -> list[str]:
+    """The runoff's entrants that have their runoff start (``_study.runoff_winner``'s set)."""
+    ran = {t.config_key for t in study.trials() if t.runoff_round is not None}
+    return [k for k in (study.runoff or {}).get("entrants") or [] if k in ran and k in starts]
+
+
+def indistinguishable(study: StudyRecord, c: dict, win_key: str | None, limit: int = 5) -> list[dict]:
+    """The speculative configurations the study could not tell apart from its winner: each one's
+    chance of being faster than the winner at the study's own speculative start-to-start noise
+    (one-sided t), listed from ``CONTENDER_CHANCE`` up. Like with like where both have two or more
+    starts on the search requests (a runoff's, or the search's repeats): the mean log of the same
+    number of first starts each (the runoff's own ``n`` between its entrants, ``_runoff.like_with_like``),
+    so a runoff's winner is never listed as likely slower than an entrant it beat. Otherwise, as
+    ``contenders``: all the configuration's starts against the winner's confirmation starts."""
     from scipy.stats import t as t_dist
 
-    samples = c.get("samples") or {}
-    w = samples.get(win_key) or []
-    if not w:
+    if not win_key or win_key == NONE:
         return []
-    noise = {cls: d["noise"] for cls, d in c["by_class"].items()}
-    nw = noise[noise_class(win_key)]
-    if nw.df <= 0:
-        return []
+    nz = c["by_class"]["speculative"]["noise"]
+    starts = search_starts(study)
+    entrants = runoff_entrants(study, starts)
+    w = starts.get(win_key) or []
     out = []
-    for key, logs in samples.items():
-        nc = noise[noise_class(key)]
-        if key == win_key or not logs or nc.df <= 0:
+    for key, sx in starts.items():
+        if key == win_key:
             continue
-        d = sum(logs) / len(logs) - sum(w) / len(w)
-        se = math.sqrt(nc.sd ** 2 / len(logs) + nw.sd ** 2 / len(w))
-        chance = float(t_dist.cdf(-d / se, min(nc.df, nw.df))) if se > 0 else float(d < 0)
+        if len(sx) >= 2 and len(w) >= 2 and nz.df > 0:
+            keys = entrants if key in entrants and win_key in entrants else [key, win_key]
+            n, means = _runoff.like_with_like(starts, keys)
+            d = means[key] - means[win_key]
+            se = nz.sd * math.sqrt(2.0 / n)
+            chance = float(t_dist.cdf(-d / se, nz.df)) if se > 0 else float(d < 0)
+            basis, count = f"like with like: the first {n} search starts of each", n
+        else:
+            v = _versus(c, key, win_key)
+            if v is None:
+                continue
+            d, chance = v
+            basis, count = "against the winner's confirmation starts", len((c.get("samples") or {}).get(key) or [])
         if chance >= CONTENDER_CHANCE:
-            cfg = None if key == NONE else json.loads(key)
-            out.append({"config": cfg, "label": label(cfg), "starts": len(logs), "measured_gap": math.expm1(d),
-                        "chance_faster": chance})
+            cfg = json.loads(key)
+            out.append({"config": cfg, "label": label(cfg), "starts": count, "measured_gap": math.expm1(d),
+                        "chance_faster": chance, "basis": basis})
     return sorted(out, key=lambda x: -x["chance_faster"])[:limit]
+
+
+def runoff_evidence(study: StudyRecord) -> dict | None:
+    """``evidence.runoff``: who ran off (labels), in which order, the figures the winner was chosen
+    on (mean TPOT of the first ``n`` search starts of each), or why there was none."""
+    plan = study.runoff or {}
+    if not plan:
+        return None
+    lab = {k: label(json.loads(k)) for k in plan.get("entrants") or []}
+    out: dict = {"entrants": list(lab.values()), "chances": {lab[k]: p for k, p in (plan.get("chances") or {}).items()
+                                                             if k in lab},
+                 "noise": plan.get("noise")}
+    for k in ("skipped", "trimmed"):
+        if plan.get(k):
+            out[k] = plan[k]
+    if plan.get("order"):
+        out["order"] = [lab[k] for k in plan["order"]]
+    starts = search_starts(study)
+    ran = runoff_entrants(study, starts)
+    if len(ran) >= 2:
+        n, means = _runoff.like_with_like(starts, ran)
+        won = _runoff.winner(starts, ran)
+        out.update(starts_each=n, tpot_ms={lab[k]: math.exp(means[k]) for k in ran}, winner=lab[won])
+    return out
 
 
 def _ci(c: dict, ref: str, cand: str):

@@ -82,7 +82,20 @@ def comparison_lines(ev: dict) -> list[str]:
             for _, label, side in sides if side and side.get("tpot_ms") is not None]
     if figs:
         out.append(f"{ev.get('statistic', '')} TPOT: " + ", ".join(figs))
-    if ev.get("contenders"):
+    ro = ev.get("runoff") or {}
+    if ro.get("skipped"):
+        out.append(f"runoff: skipped, {ro['skipped']}")
+    elif ro.get("winner"):
+        out.append(f"runoff: {', '.join(ro.get('order') or ro['entrants'])} one more start each; like with like "
+                   f"(the first {ro['starts_each']} search starts of each) " + ", ".join(
+                       f"{k} {v:.2f} ms" for k, v in ro["tpot_ms"].items()) + f": {ro['winner']} went on to confirmation")
+    if "indistinguishable" in ev:
+        if ev["indistinguishable"]:
+            out.append("could not tell apart from: " + ", ".join(
+                f"{x['label']} ({x['chance_faster']:.0%} chance of being faster, {x['starts']} "
+                f"start{'s' if x['starts'] != 1 else ''}, measured {x['measured_gap']:+.1%}; {x['basis']})"
+                for x in ev["indistinguishable"]))
+    elif ev.get("contenders"):  # a file written before ``indistinguishable``
         out.append("as good as the winner as far as these starts tell (chance of being faster): " + ", ".join(
             f"{x['label']} {x['chance_faster']:.0%} ({x['starts']} start{'s' if x['starts'] != 1 else ''}, "
             f"measured {x['measured_gap']:+.1%})" for x in ev["contenders"]))
@@ -147,7 +160,7 @@ def build(study: StudyRecord, decision: Decision, outcome) -> dict:
         "expires_at": (now + dt.timedelta(days=EXPIRY_DAYS)).isoformat(timespec="seconds"),
         **_per_level(study, deploy),
         **_engine_notes(study, winner_trials if deploy else []),
-        **_warnings(spec),
+        **_warnings(spec, decision.evidence.get("warning")),
     }
     adaptive = runtime_adaptive(deploy, rec.get("per_level"), spec.replay.concurrency)
     if adaptive and decision.decision == "change":
@@ -207,10 +220,13 @@ def _engine_notes(study: StudyRecord, deployed_trials: list) -> dict:
     return {"engine_notes": {"config": winner, "baseline": baseline, "not_in_baseline": added(winner, baseline)}}
 
 
-def _warnings(spec) -> dict:
-    """``warning`` (and ``benchmark_only``) for a recommendation that must not be deployed as is."""
+def _warnings(spec, likely_faster: str | None = None) -> dict:
+    """``warning`` (and ``benchmark_only``) for a recommendation that must not be deployed as is,
+    or whose own evidence finds a configuration likely faster than its winner (``likely_faster``)."""
     out: dict = {}
     warns = [] if spec.production_equivalent else ["NOT production-equivalent: engine setup differs"]
+    if likely_faster:
+        warns.append(f"LIKELY NOT THE FASTEST: {likely_faster}")
     bench = spec.benchmark_only()
     if bench:
         out["benchmark_only"] = bench

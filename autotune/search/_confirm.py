@@ -36,7 +36,7 @@ from autotune.search._trials import ROLE_CONFIRM
 T = TypeVar("T")
 
 
-def round_order(seed: str, round_index: int, sides: Sequence[T]) -> list[T]:
+def round_order(seed: str, round_index: int, sides: Sequence[T], stage: str = "confirm") -> list[T]:
     """``sides`` in the order round ``round_index`` starts them: rounds come in mirrored pairs, a
     uniformly random permutation drawn from ``seed`` (the spec's seed and the study's name) and
     the pair alone, then its reverse, so a resumed run or another worker draws the same order, and
@@ -45,11 +45,12 @@ def round_order(seed: str, round_index: int, sides: Sequence[T]) -> list[T]:
     otherwise follows a speculative start in 8 of 9 starts against 5 of 9 for the others, and a
     start right after a speculative one can run faster (a carry-over: at 1% start-to-start noise
     and a 2% carry-over, false disable fell from 2.6% to 0.4% and false change from 4.2% to 1.1%,
-    benchmarks/decisions.py)."""
+    benchmarks/decisions.py). ``stage``: which of the study's interleaved stages draws (the
+    confirmation, the search's runoff: ``_runoff``), each its own draws."""
     if round_index % 2:
-        return round_order(seed, round_index - 1, sides)[::-1]
+        return round_order(seed, round_index - 1, sides, stage)[::-1]
     out = list(sides)
-    random.Random(f"{seed}/confirm/{round_index}").shuffle(out)
+    random.Random(f"{seed}/{stage}/{round_index}").shuffle(out)
     return out
 
 

@@ -36,6 +36,7 @@ class TrialRecord:
     predicted_tpot_ms: float | None = None      # the predictor's figure before the start
     predicted_ci: tuple | None = None
     bands_check: Mapping | None = None          # did a band schedule take effect (``_bands.check_trial``)
+    runoff_round: int | None = None             # a start of the search's runoff (``_runoff``)
     constraints: Mapping = field(default_factory=dict)  # the guards, Optuna-style (<= 0: satisfied)
     datetime_start: dt.datetime | None = None
     datetime_complete: dt.datetime | None = None
@@ -87,6 +88,7 @@ class StudyRecord:
     fidelity: Mapping | None = None             # the fidelity gate's block, when it ran
     predictor: Mapping | None = None            # the predictor's stored curves, for the report
     search_best: int | None = None              # the number of the search's pick (``Study.best(search_only=True)``)
+    runoff: Mapping = field(default_factory=dict)  # the search's runoff: entrants, order, or why it was skipped
 
     def trials(self, role: str | None = None, config_key: str | None = None, complete: bool = True) -> list[TrialRecord]:
         """The trials (completed ones unless ``complete`` is false), of one role or config."""
@@ -216,7 +218,7 @@ def log_path_of(t) -> str | None:
     return t.user_attrs.get("log_path")
 
 
-_WHAT_TO_RUN = ("role", "config_key", "claim_key")
+_WHAT_TO_RUN = ("role", "config_key", "claim_key", "repeat", "runoff_round", "runoff_position")
 
 
 def what_to_run(t) -> dict:
@@ -246,6 +248,18 @@ def study_vllm_version(s) -> str | None:
     return s.user_attrs.get("vllm_version")
 
 
+def runoff_of(s) -> dict:
+    """The search's runoff as the study stored it (``Study.runoff``): entrants and order, or why
+    it was skipped; {} when none was planned."""
+    return s.user_attrs.get("runoff") or {}
+
+
+def runoff_round_of(t) -> int | None:
+    """The runoff round of a start of the search's runoff (None: not one)."""
+    r = t.user_attrs.get("runoff_round")
+    return None if r is None else int(r)
+
+
 def confirm_looks_of(s) -> int | None:
     """The confirmation's looks, fixed before its first start (``_confirm.Confirmation.looks``)."""
     return s.user_attrs.get("confirm_looks")
@@ -262,6 +276,7 @@ def trial_record(t) -> TrialRecord:
         equivalence=a.get("equivalence") or {}, server_starts=int(a.get("server_starts", 0) or 0),
         error=a.get("error"), noise=a.get("noise"), predicted_tpot_ms=a.get("predicted_tpot_ms"),
         predicted_ci=tuple(ci) if ci is not None else None, bands_check=a.get("bands_check"),
+        runoff_round=runoff_round_of(t),
         constraints=cons if isinstance(cons, dict) else {},
         datetime_start=t.datetime_start, datetime_complete=t.datetime_complete)
 
@@ -275,7 +290,7 @@ def read_study(optuna_study, **context) -> StudyRecord:
         name=optuna_study.study_name, workload=a.get("workload"),
         all_trials=tuple(trial_record(t) for t in optuna_study.get_trials(deepcopy=False)),
         hardware=a.get("hardware"), vllm_version=a.get("vllm_version"), replay_digest=a.get("replay_digest"),
-        confirm_looks=a.get("confirm_looks"), predictor=a.get("predictor"))
+        confirm_looks=a.get("confirm_looks"), predictor=a.get("predictor"), runoff=runoff_of(optuna_study))
     return replace(rec, **context) if context else rec
 
 

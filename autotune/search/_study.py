@@ -15,14 +15,19 @@ Order of work, spending server starts on purpose:
    ``tpe`` (or a predictor without data) goes on with the acceptance knee (``SearchSpace.knee_k``)
    and Optuna's TPE sampler, guards as constraints, until the budget (``_budget``) or the space
    runs out;
-4. ``confirm_starts`` fresh starts each of baseline, incumbent and winner, interleaved, on
+4. the runoff (``_runoff``, ``objective.runoff_contenders``): when the search stops, its best and
+   the measured configurations that could still be faster than it (chance >= 20% at the search's
+   noise) get one more start each, in a drawn order, within the search's budget; the winner that
+   goes into confirmation is the best of them like with like (the mean log of the same number of
+   first starts each), since one lucky start picked the search's best;
+5. ``confirm_starts`` fresh starts each of baseline, incumbent and winner, interleaved, on
    fresh requests (more rounds up to ``confirm_max_starts`` while the decision is open): the
    decision rests on these starts only, so the winner's selection start (the winner's curse)
    is not in it (``_confirm``, ``decide``, docs/decisions.md).
 
 ``Study`` drives this order and each trial's objective (claim, start, measure, guards); it
 composes the Optuna glue (``_trials``: storage, trial queries, user attributes), the budget and
-pause of the run (``_budget``) and the confirmation plan (``_confirm``).
+pause of the run (``_budget``), the runoff (``_runoff``) and the confirmation plan (``_confirm``).
 """
 
 from __future__ import annotations
@@ -45,10 +50,11 @@ from autotune.core._spec import StudySpec
 from autotune.engines._hardware import identity
 from autotune.engines._probe import Capabilities
 from autotune.engines._recovery import process_identity
-from autotune.search._record import (bands_of, config_key_of, config_of, duplicate, ended_unmeasured,
-                                     enqueued_claim_key, error_of, measurement_of, repeat_asked, role_of, stalled)
+from autotune.search._record import (bands_of, claim_key_of, config_key_of, config_of, duplicate, ended_unmeasured,
+                                     enqueued_claim_key, error_of, interrupted, measurement_of, repeat_asked, role_of,
+                                     runoff_of, runoff_round_of, stalled)
 from autotune.search._recovery import recover_trials, trial_id
-from autotune.search import _bands, _nights
+from autotune.search import _bands, _nights, _observations, _predict, _runoff
 from autotune.search._budget import Pause, StartBudget, confirm_reserve
 from autotune.search._confirm import Confirmation
 from autotune.search._levels import measurement_objective
@@ -166,6 +172,16 @@ def reserve_requests(spec: StudySpec, rs: _replayset.ReplaySet) -> list:
     the same requests."""
     more = sum(len(w) + len(r) for w, r in window_requests(spec, rs))
     return list(rs.requests[_used(spec, rs) + more:])
+
+
+def runoff_winner(study, by: dict[str, list]) -> str | None:
+    """The runoff's winner among ``study``'s feasible search trials ``by`` config key
+    (``_runoff.winner``: like with like over the first search starts of its entrants that have their
+    runoff start), or None before two of them have it, or without a runoff."""
+    ran = {config_key_of(t) for ts in by.values() for t in ts if runoff_round_of(t) is not None}
+    keys = [k for k in (runoff_of(study.study).get("entrants") or []) if k in ran and k in by]
+    starts = {k: [study.objective_of(t) for t in sorted(by[k], key=lambda t: t.number)] for k in keys}
+    return _runoff.winner(starts, keys)
 
 
 class Study:
@@ -392,8 +408,88 @@ class Study:
                 by.setdefault(config_key_of(t), []).append(t)
         if not by:
             return None
-        ts = min(by.values(), key=lambda ts: statistics.fmean(self.objective_of(t) for t in ts))
+        won = runoff_winner(self, by) if search_only else None
+        ts = by[won] if won else min(by.values(), key=lambda ts: statistics.fmean(self.objective_of(t) for t in ts))
         return min(ts, key=self.objective_of)
+
+    def search_starts(self) -> dict[str, list[float]]:
+        """Each feasible speculative configuration's search starts (its objective, in the order
+        measured): what the runoff ranks."""
+        out: dict[str, list[float]] = {}
+        for t in sorted(self.trials(), key=lambda t: t.number):
+            if config_key_of(t) != NONE and role_of(t) != ROLE_CONFIRM \
+                    and t.constraints and all(c <= 0 for c in t.constraints.values()):
+                out.setdefault(config_key_of(t), []).append(self.objective_of(t))
+        return out
+
+    def search_noise(self) -> float:
+        """The search's relative start-to-start noise: this study's repeated starts pooled with the
+        prior the predictor uses (``_predict.estimate_noise``; the spec's speculative figure, or
+        earlier nights through ``set_noise_prior``)."""
+        level = int(self.spec.replay.concurrency)
+        obs = [o for o in (_observations.observation_from_trial(t, level) for t in self.trials()
+                           if role_of(t) != ROLE_CONFIRM) if o is not None]
+        prior = self.sampler.noise_prior if isinstance(self.sampler, CandidateSampler) else None
+        if prior is None and self.spec.objective.start_noise is not None:
+            sp = self.spec.objective.start_noise.for_class("speculative")
+            prior = (sp.cv, sp.df) if sp is not None else None
+        return _predict.estimate_noise(obs, *(prior or ()))
+
+    def runoff(self) -> None:
+        """One more start each of the search's best and the measured configurations that could
+        still be faster (``_runoff``), at most ``objective.runoff_contenders`` of them, in the
+        runoff's drawn order, on the search requests; ``best(search_only=True)`` then picks like
+        with like. Planned once and stored (``runoff`` study attribute): a resumed run finishes a
+        begun runoff and never repeats one of its starts. No room in the budget (the confirmation's
+        reserve kept): skipped, and the study says so (notes, ``evidence.runoff``)."""
+        from optuna.trial import TrialState
+
+        most = self.spec.objective.runoff_contenders
+        plan = runoff_of(self.study)
+        if not most or not self.leader or self.paused:
+            return
+        if not plan:
+            b = self.spec.budget
+            noise = self.search_noise()
+            picked = _runoff.entrants(self.search_starts(), noise, most)
+            if not picked:
+                return  # nothing the search's starts cannot tell apart from its best
+            room = _runoff.room(b.max_server_starts, self.budget_starts(), self.confirm_reserve(), b.max_trials,
+                                self.search_trials())
+            plan = {"entrants": [k for k, _ in picked], "chances": {k: p for k, p in picked if p is not None},
+                    "noise": noise}
+            if room < 2:
+                plan["skipped"] = (f"no room in the budget for the runoff of {len(picked)} configurations "
+                                   f"({room} search start{'s' * (room != 1)} left beside the confirmation's "
+                                   f"{self.confirm_reserve()})")
+                self.notes.append(f"runoff: {plan['skipped']}")
+            else:
+                if room < len(picked):
+                    plan["trimmed"] = f"{len(picked) - room} contender(s) left out for the budget"
+                    plan["entrants"] = plan["entrants"][:room]
+                plan["order"] = _runoff.order(f"{self.spec.seed}/{self.name}", plan["entrants"])
+            self.study.set_user_attr("runoff", plan)
+        if plan.get("skipped"):
+            return
+        params = {}
+        for t in self.trials(role=ROLE_SEARCH):
+            params.setdefault(config_key_of(t), t)
+        for pos, key in enumerate(plan["order"]):
+            slot = f"runoff/0/{key}"
+            if any(claim_key_of(t) == slot and (t.state in (TrialState.COMPLETE, TrialState.RUNNING)
+                                               or (t.state == TrialState.FAIL and not interrupted(t)))
+                   for t in self.study.get_trials(deepcopy=False)):
+                continue  # made already (a resumed run): never again
+            if self.budget.pause_due():
+                self.paused = True
+                return
+            if self.budget_starts() >= self.spec.budget.max_server_starts:
+                return
+            t = params[key]
+            bands = bands_of(t)
+            self._run_enqueued(dict(t.params), ROLE_SEARCH, claim_key=slot,
+                               attrs={**({"bands": bands} if bands else {}), "repeat": True,
+                                      "runoff_round": 0, "runoff_position": pos})
 
     def mean_objective(self, t) -> float:
         """The objective of ``t``'s configuration, averaged over its search starts."""
@@ -453,7 +549,8 @@ class Study:
         key = canonical(config)
         trial.set_user_attr("config", config)
         trial.set_user_attr("config_key", key)
-        repeat = role == ROLE_SEARCH and repeat_asked(trial) and bool(self.trials(config_key=key))
+        repeat = role == ROLE_SEARCH and (repeat_asked(trial) or runoff_round_of(trial) is not None) \
+            and bool(self.trials(config_key=key))
         claim_key = enqueued_claim_key(trial) or (
             f"{key}#{len(self.trials(config_key=key)) + 1}" if repeat else key)
         trial.set_user_attr("claim_key", claim_key)
@@ -568,7 +665,8 @@ class Study:
         self._dupes = self._dupes + 1 if duplicate(frozen) else 0
         if self._dupes >= 25:
             reason = "the sampler keeps proposing measured configurations"
-        if role_of(frozen) != ROLE_CONFIRM and (reason or self.budget.pause_due()):
+        if role_of(frozen) != ROLE_CONFIRM and runoff_round_of(frozen) is None \
+                and (reason or self.budget.pause_due()):
             if reason:
                 self.stopped_because = reason
             else:
@@ -660,7 +758,8 @@ class Study:
                 self.study.set_user_attr("stopped_because", self.stopped_because)
             if self.leader:
                 self._wait_while_running()  # other workers' last trials belong in the decision
-                if confirm:
+                self.runoff()
+                if confirm and not self.paused:
                     self.confirm()
         return self.outcome()
 
