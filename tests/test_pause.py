@@ -141,7 +141,8 @@ def test_an_interrupted_start_does_not_spend_the_budget(tmp_path, env, monkeypat
     assert got["decision"] == want["decision"] and got["speculative_config"] == want["speculative_config"]
     assert got["study"]["server_starts"] == 6 and got["study"]["interrupted_starts"] == 1
     assert got["study"]["stopped_because"] == ("server-start budget (5) reached "
-                                               "(1 start stopped by a signal not counted)")
+                                               "(1 start stopped by a signal not counted): "
+                                               "2 of its starts kept for the confirmation")
     assert any("6 server starts (1 stopped by a signal, not counted against the budget)" in line for line in said), said
 
 

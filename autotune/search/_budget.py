@@ -100,7 +100,10 @@ class StartBudget:
         b = self.spec.budget
         if self.budget_starts() + reserve >= b.max_server_starts:
             note = uncounted_note(self.study.get_trials(deepcopy=False))
-            return f"server-start budget ({b.max_server_starts}) reached" + (f" ({note} not counted)" if note else "")
+            # the reserve said, or a budget of 8 that stops after 2 search starts reads as a bug
+            kept = f": {reserve} of its starts kept for the confirmation" if reserve else ""
+            return (f"server-start budget ({b.max_server_starts}) reached" + (f" ({note} not counted)" if note else "")
+                    + kept)
         if self.search_trials() >= b.max_trials:
             return f"trial budget ({b.max_trials}) reached"
         if (time.monotonic() - self.t0) / 60 >= b.max_wall_minutes:

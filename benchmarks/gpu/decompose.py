@@ -3,7 +3,8 @@ first start on the machine, the machine's time trend, what is left from start to
 steady windows within a start.
 
     python benchmarks/gpu/decompose.py benchmarks/results/h100-smollm2-order-2026-12-06.jsonl \\
-        [--json benchmarks/results/h100-smollm2-order-decomposition.json] [--trend clock|index] [--label L]
+        [--json benchmarks/results/h100-smollm2-order-decomposition.json] [--trend clock|index] [--label L] \\
+        [--trials STUDY_TRIALS.jsonl ...]
 
 Rows: one server start each (``measure_points.py`` / round.sh ``points:`` and ``grid:`` steps), in
 the order of their ``at`` (when the start began), with the spec's steady windows in
@@ -63,11 +64,41 @@ def config_name(row: dict) -> str:
         return row.get("config_key") or "none"
 
 
-def load(paths: list[str], label: str | None = None) -> list[dict]:
+def from_trial(t: dict) -> dict | None:
+    """A study trial (``export_study.py``'s row) as a start row: a study's search and confirmation
+    starts are starts of the machine like any other (each configuration's first start on a
+    machine is usually a search start), so they join the points rows."""
+    from datetime import datetime
+
+    if t.get("state") != "COMPLETE" or t.get("value") is None or not t.get("levels"):
+        return None
+    at = datetime.fromisoformat(str(t["datetime_start"])).timestamp()
+    return {"ok": True, "tpot": float(t["value"]), "at": at, "config_key": t.get("config_key") or "none",
+            "config": t.get("config"), "levels": t["levels"], "summary": t.get("summary"),
+            "label": f"study:{(t.get('user_attrs') or {}).get('role')}", "study": t.get("study")}
+
+
+def weighted(r: dict) -> float | None:
+    """The study's objective of a start (its levels' TPOT weighted by the spec's level weights,
+    ``measurement_objective``): what the search ranks on. A points row's own ``tpot`` is the
+    median of every request's TPOT pooled over the levels, another figure; both kinds of row are
+    read as this one where the levels carry their weights."""
+    lv = [d for d in (r.get("levels") or {}).values() if isinstance(d, dict)]
+    if not lv or any(d.get("weight") is None or not d.get("tpot") for d in lv):
+        return None
+    return sum(d["weight"] * d["tpot"] for d in lv) / sum(d["weight"] for d in lv)
+
+
+def load(paths: list[str], label: str | None = None, trials: list[str] = ()) -> list[dict]:
     rows = [json.loads(x) for p in paths for x in Path(p).read_text().splitlines() if x.strip()]
     rows = [r for r in rows if r.get("ok") and r.get("tpot")]
     if label is not None:
         rows = [r for r in rows if (r.get("label") or "").startswith(label)]
+    rows += [r for p in trials for x in Path(p).read_text().splitlines() if x.strip()
+             for r in [from_trial(json.loads(x))] if r]
+    if trials:  # one objective for both kinds of row
+        for r in rows:
+            r["tpot"] = weighted(r) or r["tpot"]
     rows.sort(key=lambda r: r["at"])
     counts: dict[str, int] = {}
     for r in rows:
@@ -291,8 +322,11 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write the analysis here")
     ap.add_argument("--trend", choices=("clock", "index"), default="clock")
     ap.add_argument("--label", default=None, help="only rows whose label starts with this")
+    ap.add_argument("--trials", action="append", default=[],
+                    help="a study's trials (export_study.py JSONL) on the same machine: their starts join the rows, "
+                         "and every row is read by the study's objective (the levels weighted)")
     args = ap.parse_args(argv)
-    rows = load(args.rows, args.label)
+    rows = load(args.rows, args.label, args.trials)
     if len(rows) < 4:
         print(f"too few rows ({len(rows)}) of configurations with two starts or more")
         return 1

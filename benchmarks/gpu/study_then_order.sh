@@ -6,6 +6,7 @@
 #   . .gpu/setup-device.sh && bash benchmarks/gpu/study_then_order.sh 570 [WORKLOAD]
 set -u
 LIMIT=$1; W=${2:-code-smollm2-gpu}; R=/tmp/h200
+export PYTHONPATH=$PWD:${PYTHONPATH:-}:/tmp/atsite   # autotune and its dependencies (round.sh sets its own)
 left() { echo $(( LIMIT - SECONDS )); }
 if [ ! -f $R/recommendations/$W.json ]; then
   s=$(left); [ "$s" -gt 150 ] && bash benchmarks/gpu/round.sh "study:$W:$s"
