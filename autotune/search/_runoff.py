@@ -1,12 +1,14 @@
 """The runoff: when the search stops, one more start each of its best and of the measured
 configurations that could still be faster, interleaved, and the winner chosen like with like.
 
-Why: the search ranks configurations on single server starts, and a GPU's starts are noisy
-(speculative starts 3-10% start-to-start; a configuration's first start on a machine may run
-3-25% slower than its later ones). A best picked on one lucky start goes into the confirmation,
-which then tests it against no speculation, never against the rival it beat by luck: on the H100
-real-model grid the search's pick was within 3% of the grid's best in 0% (c=2) / 28% (c=16) of
-seeded runs. The runoff spends the starts where the pick is still in doubt.
+Why: the search ranks configurations on single server starts, and starts are noisy (3-5% start
+to start for a real model on an H100, 5-10% on the CPU demo). A best picked on one lucky start goes
+into the confirmation, which then tests it against no speculation, never against the rival it beat
+by luck: `make run` once recommended suffix K=8 on one 0.86 ms start whose confirmation starts ran
+1.46 and 1.38 ms, beside ngram K=8 at 0.97 ms. A configuration's first start on a machine was not
+measurably slower than its repeats on two real-model H100s (1.04x [0.98, 1.10] and 1.03x [0.91,
+1.16], docs/notes/2026-12-06-gpu-study-against-grid.md), so ranking on the same ordinals is a
+precaution, not a correction. The runoff spends the starts where the pick is still in doubt.
 
 Who runs: the best (lowest mean of its search starts) and, at most ``objective.runoff_contenders``
 of them, the measured configurations whose chance of being faster than it is at least
