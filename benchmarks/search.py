@@ -335,14 +335,36 @@ def is_gpu(grid: Grid) -> bool:
     return grid.name.startswith(GPU_PREFIXES)
 
 
+STUDY_ROUNDS = "h100-smollm2-after-study-*.jsonl"
+"""A round that ran a study and then repeated its contenders on the same machine
+(benchmarks/gpu/README.md, the study against a repeated grid): the study's starts and the
+after-study starts are one grid of that machine."""
+
+
+def _study_round_rows(path: Path) -> list[dict]:
+    """The after-study rows of ``path`` with the study's own starts of the same round (every
+    ``h100-smollm2-study-trials-<date>*.jsonl``), as unlabelled grid rows: each start a draw."""
+    date = path.stem.removeprefix("h100-smollm2-after-study-")
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    for t in sorted(RESULTS.glob(f"h100-smollm2-study-trials-{date}*.jsonl")):
+        for x in t.read_text().splitlines():
+            r = json.loads(x) if x.strip() else {}
+            if r.get("state") == "COMPLETE" and r.get("levels"):
+                rows.append({"ok": True, "workload": r.get("workload"), "config": r.get("config"), "levels": r["levels"]})
+    for r in rows:
+        r.pop("label", None)
+    return rows
+
+
 def load_gpu_real(pattern: str = "h100-smollm2-points-*-r*.jsonl", workload: str = "code-smollm2-gpu") -> list[Grid]:
     """The real-model truth grid (CUDA vLLM, SmolLM2-135M with its real acceptance on the code
     prompts; benchmarks/gpu/README.md): the rows of one round on one machine (a file), every start
     of a configuration a draw, a grid per profile level (the study weighs the two levels 0.5 each).
     Every configuration of the space that was measured is a candidate, suffix decoding included."""
     out = []
-    for path in sorted(RESULTS.glob(pattern)):
-        rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    for path in sorted(RESULTS.glob(pattern)) + sorted(RESULTS.glob(STUDY_ROUNDS)):
+        rows = _study_round_rows(path) if "after-study" in path.name else \
+            [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
         rows = [r for r in rows if r.get("ok") and not r.get("label") and r.get("workload") == workload]
         for lv in sorted({int(k) for r in rows for k in r.get("levels") or {}}):
             starts: dict[str, list[Observation]] = {}
