@@ -196,7 +196,8 @@ def _tpot(center: float, offset: float = 0.0, n: int = 32) -> list[float]:
 
 
 def _trial(config: dict | None, tpot: list[float], *, role: str = "search", throughput: float = 100.0,
-           compared: int = 32, matched: int | None = None, failed: int = 0, guards=None, stalled=False):
+           compared: int = 32, matched: int | None = None, failed: int = 0, guards=None, stalled=False,
+           outputs: dict | None = None):
     matched = compared if matched is None else matched
     frac = matched / compared if compared else 1.0
     g = guards
@@ -213,6 +214,7 @@ def _trial(config: dict | None, tpot: list[float], *, role: str = "search", thro
                 "summary": {"output_throughput_tok_s": throughput, "failed": failed, "ttft_ms": {"p90": 80.0}},
                 "spec_delta": {"drafts": 100, "accepted_tokens": 250} if config else {},
                 "argv": ["vllm", "serve", "m", *serve_args_for(config)],
+                **({"outputs": outputs} if outputs is not None else {}),
             },
             "equivalence": {"compared": compared, "matched": matched},
             "stalled": stalled,
@@ -311,6 +313,69 @@ def test_equivalence_guard_blocks_a_fast_winner(spec):
     assert "fails a guard" in d.reason and "matched the baseline on 46/48" in d.reason
     assert d.evidence["speedup"] == pytest.approx(3.0, rel=0.03)  # fast, yet not recommended
     assert d.evidence["keep_reason"] == "guard"
+
+
+def _outputs(n: int, differ: int, tag: str = "b") -> dict:
+    """``n`` greedy outputs by request id, the last ``differ`` of them unlike every other start's."""
+    return {f"r{i}": (f"{tag}{i}" if i >= n - differ else f"same{i}") for i in range(n)}
+
+
+def test_no_candidate_names_the_guard_and_the_baselines_own_agreement(spec):
+    """Measured on one H100 (CUDA vLLM 0.25.0, SmolLM2-135M bf16): every speculative config was
+    faster and failed equivalence (27-36 of 48 matched, the guard asks 80%), while two starts of
+    no speculation agreed on 38 of 48. The reason says which guard failed, by how much, and that
+    the baseline itself is under the guard; the evidence keeps the baseline's agreement."""
+    g = spec.guards.model_copy(update={"equivalence_min_match": 0.8})
+    s = _with(spec, guards=g)
+    ngram10 = {**NGRAM, "num_speculative_tokens": 10}
+    base = [_trial(None, _tpot(30.0), compared=48, outputs=_outputs(48, 10, "x"), guards=g),
+            _trial(None, _tpot(30.2), role="confirm", compared=48, outputs=_outputs(48, 10, "y"), guards=g)]
+    trials = [*base,
+              _trial(ngram10, _tpot(25.0), compared=48, matched=27, throughput=120.0, guards=g),
+              _trial(NGRAM, _tpot(26.0), compared=48, matched=36, throughput=115.0, guards=g),
+              _trial(SUFFIX, _tpot(27.0), compared=48, matched=38, throughput=110.0, guards=g)]
+    d = decide(study_record(FakeStudy(s, trials)))
+    assert d.decision == "keep" and d.winner is None and d.evidence["keep_reason"] == "no candidate"
+    assert "no speculative configuration completed and passed the guards" in d.reason
+    assert ("every speculative configuration that completed (3) failed a guard: equivalence (3 configurations: "
+            "matched 27-38 of 48 greedy outputs; the guard asks 80%)") in d.reason, d.reason
+    assert "two starts of no speculation agreed on 38 of 48 greedy outputs (79%), under the guard's 80% itself" \
+        in d.reason
+    # suffix matched 38 of 48, as often as the baseline agrees with itself
+    assert "suffix K=8 matched the baseline as often as its own starts agree" in d.reason
+    ev = d.evidence
+    assert ev["equivalence"]["baseline_agreement"]["matched"] == 38
+    assert ev["equivalence"]["baseline_agreement"]["compared"] == 48
+    assert ev["equivalence"]["baseline_agreement"]["lowest"]["trials"] == [0, 1]
+    assert ev["guard_failures"]["equivalence"]["starts"] == 3
+    assert list(ev["guard_failures"]) == ["equivalence"]
+
+
+def test_no_candidate_names_each_guard_that_failed(spec):
+    trials = [*_baseline(spec),
+              _trial(NGRAM, _tpot(20.0), throughput=70.0, guards=spec.guards),
+              _trial(SUFFIX, _tpot(20.0), failed=3, guards=spec.guards)]
+    d = decide(study_record(FakeStudy(spec, trials)))
+    assert d.decision == "keep" and d.evidence["keep_reason"] == "no candidate"
+    assert ("failed a guard: failed_requests (1 configuration: 3 failed requests; the guard allows 0); "
+            "throughput_floor (1 configuration: throughput 0.70x of no speculation's; the floor is "
+            f"{spec.guards.throughput_floor:g}x)") in d.reason, d.reason
+    assert d.evidence["equivalence"]["baseline_agreement"] is None  # no outputs stored: nothing to compare
+
+
+def test_a_winner_failing_equivalence_within_the_baselines_agreement_says_so(spec):
+    base = [_trial(None, _tpot(30.0), compared=16, outputs=_outputs(16, 4, "x"), guards=spec.guards),
+            _trial(None, _tpot(30.3), role="confirm", compared=16, outputs=_outputs(16, 4, "y"), guards=spec.guards),
+            _trial(None, _tpot(29.7), role="confirm", compared=16, outputs=_outputs(16, 4, "z"), guards=spec.guards)]
+    trials = [*base, _trial(NGRAM, _tpot(10.0), compared=16, matched=16, throughput=300.0, guards=spec.guards),
+              _trial(NGRAM, _tpot(10.0), role="confirm", compared=16, matched=13, throughput=300.0, guards=spec.guards),
+              _trial(NGRAM, _tpot(10.1), role="confirm", compared=16, matched=14, throughput=300.0, guards=spec.guards)]
+    d = decide(study_record(FakeStudy(spec, trials)))
+    assert d.decision == "keep" and d.evidence["keep_reason"] == "guard"
+    assert "matched the baseline on 43/48 requests (the guard asks 100%)" in d.reason, d.reason
+    assert "starts of no speculation agreed on 75% of greedy outputs (3 pairs, 36 of 48)" in d.reason
+    assert "within that, so the guard measured the engine's non-determinism" in d.reason
+    assert d.evidence["equivalence"]["baseline_agreement"]["pairs"] == 3
 
 
 def test_failed_requests_guard(spec):

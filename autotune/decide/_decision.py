@@ -17,6 +17,7 @@ import datetime as dt
 from dataclasses import dataclass
 
 from autotune.core import _measure
+from autotune.decide import _guards
 from autotune.decide._noise import (FUTILITY_POWER as FUTILITY, LIKELY_FASTER, PRECISION, _ci, _comparisons, _fmt_ci,
                                     _label, _noise_evidence, _plan, _precise, contenders, futility, indistinguishable,
                                     runoff_evidence)
@@ -258,9 +259,14 @@ def _decide(study: StudyRecord, history: list[dict] | None = None) -> Decision:
                     f"; the deployed config is not shown slower than no speculation ({_fmt_ci(ci_in)})")
         return keep(code, why, open_)
 
+    agreement = _guards.baseline_agreement(baseline)  # the engine's own reproducibility of greedy outputs
     if best is None:
         evidence["comparison"] = "incumbent_vs_none" if deployed else "none"
-        return disable_or("no candidate", "no speculative configuration completed and passed the guards")
+        why, failed = _guards.no_candidate_reason(study.trials(), spec.guards, agreement)
+        evidence["equivalence"] = {"baseline_agreement": agreement, "min_match": spec.guards.equivalence_min_match}
+        if failed:
+            evidence["guard_failures"] = failed
+        return disable_or("no candidate", why)
     key = best.config_key
     cfg = best.config
     wtrials = study.trials(config_key=key)
@@ -279,7 +285,8 @@ def _decide(study: StudyRecord, history: list[dict] | None = None) -> Decision:
     eq = [t.equivalence for t in wtrials]
     evidence["equivalence"] = {"compared": sum(e.get("compared", 0) for e in eq),
                                "matched": sum(e.get("matched", 0) for e in eq),
-                               "min_compared": spec.guards.equivalence_min_compared}
+                               "min_compared": spec.guards.equivalence_min_compared,
+                               "min_match": spec.guards.equivalence_min_match, "baseline_agreement": agreement}
     bt, wt = evidence["baseline"]["output_throughput"], evidence["winner"]["output_throughput"]
     evidence["throughput_ratio"] = wt / bt if bt and wt is not None else None
     evidence["failed_requests"] = sum(t.measurement["summary"].get("failed", 0) for t in wtrials)
@@ -371,7 +378,14 @@ def _guard_failure(guards, ev: dict) -> str | None:
                     f"{guards.equivalence_min_compared} needed (guards.equivalence_min_compared; "
                     "guards.equivalence_required: false opts out)")
     elif eq["compared"] and eq["matched"] / eq["compared"] < guards.equivalence_min_match:
-        return f"greedy outputs matched the baseline on {eq['matched']}/{eq['compared']} requests"
+        why = (f"greedy outputs matched the baseline on {eq['matched']}/{eq['compared']} requests (the guard asks "
+               f"{guards.equivalence_min_match:.0%})")
+        ba = eq.get("baseline_agreement")
+        if ba:
+            why += "; " + _guards.agreement_text(ba)
+            if eq["matched"] / eq["compared"] >= ba["fraction"]:
+                why += ": within that, so the guard measured the engine's non-determinism, not the speculation"
+        return why
     if ev["throughput_ratio"] is not None and ev["throughput_ratio"] < guards.throughput_floor:
         return f"throughput {ev['throughput_ratio']:.2f}x of baseline (floor {guards.throughput_floor})"
     return None

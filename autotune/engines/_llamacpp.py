@@ -167,7 +167,7 @@ def error_line(log_text: str) -> str | None:
 EQUIVALENCE_BODY = {"cache_prompt": False}
 
 
-def batch_invariant(serve_args: dict) -> bool:
+def batch_invariant(serve_args: dict, env: dict | None = None, caps=None) -> bool:
     """Whether a greedy request's output is independent of the requests it shares a batch with.
 
     With more than one slot it is not: the slots' tokens go through one batch, and its shape

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from autotune.engines import _engine, _llamacpp, _probe, _serverlog
+from autotune.engines import _engine, _invariance, _llamacpp, _probe, _serverlog
 from autotune.engines._probe import Capabilities
 
 
@@ -36,9 +36,13 @@ class Engine:
     """the engine's own TPOT of one request, from the response's server-side figures"""
     deploy_fields: Callable[[dict | None], dict]
     """recommendation fields beyond ``speculative_config`` (the flags to deploy)"""
-    batch_invariant: Callable[[dict], bool] = lambda serve_args: True
-    """(serve_args) -> whether greedy outputs of concurrent requests do not depend on which
-    requests share a batch; where they do, the equivalence check replays one request at a time"""
+    batch_invariant: Callable[[dict, dict, Capabilities | None], bool] = lambda serve_args, env, caps: True
+    """(serve_args, the server's environment (the tuner's under the spec's engine env), the probed
+    capabilities or None where not known) ->
+    whether greedy outputs of concurrent requests do not depend on which requests share a batch;
+    where they do, the equivalence check replays one request at a time"""
+    invariant_how: str | None = None
+    """how a spec makes the engine batch-invariant (study notes say it where it is not)"""
     server_env: Callable[[dict | None, dict, Path, str], dict] = lambda config, env, home, cache: {}
     """(run config, the spec's engine env, autotune's home, the compile-cache setting) -> environment
     a server start of that configuration gets on top of the spec's (vLLM: its compile cache)"""
@@ -62,13 +66,14 @@ def _vllm_tpot(server_metrics: dict | None) -> float | None:
 
 VLLM = Engine(kind="vllm", name="vLLM", server="vllm serve", probe=_vllm_probe, build_argv=_engine.build_argv,
               error_line=_engine.error_line, log_patterns=_serverlog.PATTERNS, request_tpot_ms=_vllm_tpot,
-              deploy_fields=lambda config: {}, server_env=_engine.compile_cache_env)
+              deploy_fields=lambda config: {}, server_env=_engine.compile_cache_env,
+              batch_invariant=_invariance.batch_invariant, invariant_how=_invariance.HOW)
 LLAMACPP = Engine(kind=_llamacpp.KIND, name="llama.cpp", server=_llamacpp.SERVER,
                   probe=lambda command, python, env, cache_dir: _llamacpp.probe(command, env),
                   build_argv=_llamacpp.build_argv, error_line=_llamacpp.error_line,
                   log_patterns=_llamacpp.PATTERNS, request_tpot_ms=_llamacpp.request_tpot_ms,
                   deploy_fields=_llamacpp.deploy_fields, batch_invariant=_llamacpp.batch_invariant,
-                  equivalence_body=_llamacpp.EQUIVALENCE_BODY)
+                  invariant_how="serve_args.parallel: 1", equivalence_body=_llamacpp.EQUIVALENCE_BODY)
 
 ENGINES: dict[str, Engine] = {VLLM.kind: VLLM, LLAMACPP.kind: LLAMACPP}
 

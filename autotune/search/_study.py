@@ -47,6 +47,7 @@ from autotune.core._measure import pooled_start_noise
 from autotune.core._names import child
 from autotune.core._signals import signame_of
 from autotune.core._spec import StudySpec
+from autotune.engines import _registry
 from autotune.engines._hardware import identity
 from autotune.engines._probe import Capabilities
 from autotune.engines._recovery import process_identity
@@ -184,6 +185,17 @@ def runoff_winner(study, by: dict[str, list]) -> str | None:
     return _runoff.winner(starts, keys)
 
 
+def equivalence_note(spec: StudySpec, caps: Capabilities | None, n: int) -> str:
+    """The study note of an engine that is not batch-invariant here: what is replayed, why, and
+    how a spec makes the engine invariant (then the measured outputs are compared, at no cost)."""
+    engine = _registry.for_spec(spec)
+    where = f"{engine.name} on {caps.platform}" if getattr(caps, "platform", "") else engine.name
+    how = f"; {engine.invariant_how} makes it batch-invariant" if engine.invariant_how else ""
+    return (f"equivalence: {where} is not batch-invariant (a greedy output depends on which requests share a "
+            f"batch); {n} greedy requests are replayed one at a time after each start's measured requests "
+            f"(their outputs only){how}")
+
+
 class Study:
     """One Optuna study of one workload, shared by every process that runs it.
 
@@ -225,13 +237,12 @@ class Study:
         # bands without replay.levels: levels from the traffic
         self.spec = spec = with_profile(spec, self.replay_set, self.notes)
         self.warmup, self.search_reqs, self.confirm_reqs = split_requests(spec, self.replay_set)
-        self.equivalence_reqs = equivalence_requests(spec, self.search_reqs)  # sampled traffic: greedy copies
+        self.invariant = batch_invariant(spec, caps)  # vLLM: the probed platform and VLLM_BATCH_INVARIANT
+        self.equivalence_reqs = equivalence_requests(spec, self.search_reqs, caps)  # greedy copies or replays
         self.window_reqs = window_requests(spec, self.replay_set)
         self.reserve_reqs = reserve_requests(spec, self.replay_set) if spec.replay.mode == "profile" else []
-        if self.equivalence_reqs and not batch_invariant(spec):
-            self.notes.append("equivalence: the engine's greedy outputs depend on which requests share a batch; "
-                              f"{len(self.equivalence_reqs)} greedy requests are replayed one at a time after each "
-                              "start's measured requests (their outputs only)")
+        if self.equivalence_reqs and not self.invariant:
+            self.notes.append(equivalence_note(spec, caps, len(self.equivalence_reqs)))
         elif self.equivalence_reqs:
             self.notes.append(f"equivalence: {len(self.equivalence_reqs)} greedy copies of sampled requests are "
                               "replayed after each start's measured requests (their outputs only)")
@@ -580,7 +591,8 @@ class Study:
                         extra_args=self.caps.per_request_metrics_args(config is not None),
                         **({"equivalence": self.equivalence_reqs} if self.equivalence_reqs else {}),
                         **({"reserve": self.reserve_reqs} if self.reserve_reqs else {}),
-                        **({"windows": self.window_reqs} if self.window_reqs else {}))
+                        **({"windows": self.window_reqs} if self.window_reqs else {}),
+                        **({"caps": self.caps} if not self.invariant else {}))
         except TrialFailed as e:
             trial.set_user_attr("error", e.reason)
             raise

@@ -78,13 +78,17 @@ def digest(text: str) -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
-def batch_invariant(spec: StudySpec) -> bool:
+def batch_invariant(spec: StudySpec, caps=None, serve_args: dict | None = None) -> bool:
     """Whether the engine's greedy outputs of concurrent requests can be compared (see
-    ``Engine.batch_invariant``); if not, only one-at-a-time replays are."""
-    return _registry.for_spec(spec).batch_invariant(spec.engine.serve_args)
+    ``Engine.batch_invariant``); if not, only one-at-a-time replays are. ``caps``: the probe's
+    ``Capabilities`` (vLLM: its platform), None where not known. The server inherits the
+    tuner's environment under the spec's ``engine.env``, so both are what it runs with."""
+    env = {**os.environ, **spec.engine.env}
+    return _registry.for_spec(spec).batch_invariant(spec.engine.serve_args if serve_args is None else serve_args,
+                                                    env, caps)
 
 
-def equivalence_requests(spec: StudySpec, requests: list[ReplayRequest]) -> list[ReplayRequest]:
+def equivalence_requests(spec: StudySpec, requests: list[ReplayRequest], caps=None) -> list[ReplayRequest]:
     """The greedy requests replayed after the measured part of every start, for their outputs
     only (their timings are not measured), so the equivalence check compares enough outputs.
 
@@ -94,7 +98,7 @@ def equivalence_requests(spec: StudySpec, requests: list[ReplayRequest]) -> list
     of sampled ones) are replayed one at a time, with the engine's ``equivalence_body`` added."""
     n = spec.guards.equivalence_min_compared
     engine = _registry.for_spec(spec)
-    if not engine.batch_invariant(spec.engine.serve_args):
+    if not batch_invariant(spec, caps):
         extra = engine.equivalence_body or {}
         return [replace(g, body={**g.body, **extra}) for g in
                 (r if r.greedy else r.greedy_copy() for r in requests[:n])]
@@ -107,7 +111,8 @@ def measure(spec: StudySpec, config: dict | None, requests: list[ReplayRequest],
             on_server=None, extra_args: dict | None = None, pid_dir: Path | None = None,
             equivalence: list[ReplayRequest] | None = None,
             reserve: list[ReplayRequest] | None = None,
-            windows: list[tuple[list[ReplayRequest], list[ReplayRequest]]] | None = None) -> Measurement:
+            windows: list[tuple[list[ReplayRequest], list[ReplayRequest]]] | None = None,
+            caps=None) -> Measurement:
     """Run one server start. Raises TrialFailed (with vLLM's reason) when the server won't start,
     dies during the replay (``kill -9``, OOM, a crash: the trial fails, the study goes on), or
     the replay itself breaks.
@@ -117,6 +122,9 @@ def measure(spec: StudySpec, config: dict | None, requests: list[ReplayRequest],
     ``reserve``: requests a profile level may draw to fill its steady window (``WindowTarget``).
     ``windows``: the (warm-up, measured) requests of each further window (``replay.windows``,
     ``_study.window_requests``), measured after the first on the same server and pooled with it.
+
+    ``caps``: the probe's ``Capabilities``, for whether measured greedy outputs count
+    (``batch_invariant``; the study passes its own, so this agrees with ``equivalence_requests``).
 
     ``on_server`` is called with the running VllmServer, so a signal handler can stop it.
     ``pid_dir`` gets the server's pidfile while it runs (see ``engines._recovery``).
@@ -129,7 +137,7 @@ def measure(spec: StudySpec, config: dict | None, requests: list[ReplayRequest],
     # benchmark-only additions (synthetic acceptance) go to the server, never into ``config``
     run_config = spec.run_config(config)
     engine = _registry.for_spec(spec)
-    invariant = engine.batch_invariant(serve_args)  # else outputs only from one-at-a-time replays
+    invariant = batch_invariant(spec, caps, serve_args)  # else outputs only from one-at-a-time replays
     argv = engine.build_argv(command, spec.model, serve_args, run_config, port, spec.served_model_name)
     settings = get_settings()
     server_cpus, client_cpus = _affinity.placement(settings.server_cpus, settings.client_cpus)
