@@ -123,8 +123,8 @@ def likely_faster_warning(winner: dict | None, likely: list[dict]) -> str:
     names = ", ".join(f"{x['label']} ({x['chance_faster']:.0%}, {x['basis']})" for x in likely)
     return (f"the study's own starts say {names} "
             f"{'is' if len(likely) == 1 else 'are'} more likely faster than the winner {fmt_config(winner)} than not: "
-            "the study could not tell them apart; objective.runoff_contenders compares such configurations like "
-            "with like before the confirmation")
+            "the study could not tell them apart; to settle it, measure both again (a study's runoff, "
+            "objective.runoff_contenders, does so before the confirmation for what the search's noise flags)")
 
 
 def damp(d: Decision, study: StudyRecord, previous: dict | None, now: dt.datetime | None = None) -> Decision:
