@@ -470,7 +470,7 @@ def run_ours(grid: Grid, rng: random.Random, runoff: int | None = None) -> Trace
         if k != "none":
             starts.setdefault(k, []).append(v)
     picked = _runoff.entrants(starts, _predict.estimate_noise(obs, *(grid.noise_prior or ())), most,
-                              OURS["runoff_chance"])
+                              OURS["runoff_chance"], baseline=[v for k, v in zip(tr.keys, tr.values) if k == "none"])
     room = budget - len(obs)
     if len(picked) >= 2 and room >= 2:
         keys = _runoff.order(f"{grid.name}", [k for k, _ in picked][:room])

