@@ -52,17 +52,17 @@ def _span(lo, hi, fmt="{}") -> str:
     return fmt.format(lo) if lo == hi else f"{fmt.format(lo)}-{fmt.format(hi)}"
 
 
-def _equivalence(trials) -> tuple[float, str]:
-    """(the lowest match fraction, "matched 27-36 of 48 greedy outputs")."""
+def _equivalence(trials) -> str:
+    """"matched 27-36 of 48 greedy outputs"."""
     eq = [(t.equivalence.get("matched", 0), t.equivalence.get("compared", 0)) for t in trials]
     eq = [(m, c) for m, c in eq if c]
     if not eq:
-        return 1.0, "no greedy outputs compared"
-    fr = [m / c for m, c in eq]
+        return "no greedy outputs compared"
     ns = {c for _, c in eq}
     if len(ns) == 1:
-        return min(fr), f"matched {_span(min(m for m, _ in eq), max(m for m, _ in eq))} of {ns.pop()} greedy outputs"
-    return min(fr), f"matched {_span(min(fr), max(fr), '{:.0%}')} of {_span(min(ns), max(ns))} greedy outputs"
+        return f"matched {_span(min(m for m, _ in eq), max(m for m, _ in eq))} of {ns.pop()} greedy outputs"
+    fr = [m / c for m, c in eq]
+    return f"matched {_span(min(fr), max(fr), '{:.0%}')} of {_span(min(ns), max(ns))} greedy outputs"
 
 
 def _detail(name: str, trials, guards) -> str:
@@ -70,7 +70,7 @@ def _detail(name: str, trials, guards) -> str:
         n = [int(t.summary.get("failed", 0) or 0) for t in trials]
         return f"{_span(min(n), max(n))} failed requests; the guard allows {guards.max_failed_requests}"
     if name == "equivalence":
-        return f"{_equivalence(trials)[1]}; the guard asks {guards.equivalence_min_match:.0%}"
+        return f"{_equivalence(trials)}; the guard asks {guards.equivalence_min_match:.0%}"
     if name == "throughput_floor":  # the constraint is floor - ratio
         r = [guards.throughput_floor - t.constraints[name] for t in trials]
         return f"throughput {_span(min(r), max(r), '{:.2f}')}x of no speculation's; the floor is " \

@@ -47,7 +47,6 @@ from __future__ import annotations
 import math
 from typing import Mapping, Sequence
 
-from autotune.core._spec import RUNOFF_CONTENDERS  # noqa: F401 (the default, beside RUNOFF_CHANCE)
 from autotune.search._confirm import round_order
 
 RUNOFF_CHANCE = 0.2
