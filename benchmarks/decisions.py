@@ -220,13 +220,15 @@ class Night:
 
         from autotune.search._study import Study
 
-        self.trials, self.best, self.objective_of, self.confirm_reserve = (
+        self.trials, self.best, self.objective_of, self.confirm_reserve, self.all_blocked = (
             Study.trials.__get__(self), Study.best.__get__(self), Study.objective_of.__get__(self),
-            Study.confirm_reserve.__get__(self))
+            Study.confirm_reserve.__get__(self), Study.all_blocked.__get__(self))
         self.spec = spec
         self.study = optuna.create_study()
         self.starts = 0
         self.confirmation = {"fresh_requests": True, "rounds": 0, "skipped": None}
+        self.notes: list[str] = []
+        self._said_blocked = False
 
 
 def _trial(spec, config, tpot, role):

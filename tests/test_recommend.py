@@ -310,8 +310,10 @@ def test_equivalence_guard_blocks_a_fast_winner(spec):
     assert st.best().user_attrs["config"] == NGRAM
     d = decide(study_record(st))
     assert d.decision == "keep" and d.winner is None
-    assert "fails a guard" in d.reason and "matched the baseline on 46/48" in d.reason
+    assert "fails a guard" in d.reason and "equivalent to the baseline's on 46/48" in d.reason
     assert d.evidence["speedup"] == pytest.approx(3.0, rel=0.03)  # fast, yet not recommended
+    # the reason says what was given up for the guard
+    assert "against no speculation it measured a speedup of 2.9" in d.reason and "given up for the guard" in d.reason
     assert d.evidence["keep_reason"] == "guard"
 
 
@@ -338,7 +340,11 @@ def test_no_candidate_names_the_guard_and_the_baselines_own_agreement(spec):
     assert d.decision == "keep" and d.winner is None and d.evidence["keep_reason"] == "no candidate"
     assert "no speculative configuration completed and passed the guards" in d.reason
     assert ("every speculative configuration that completed (3) failed a guard: equivalence (3 configurations: "
-            "matched 27-38 of 48 greedy outputs; the guard asks 80%)") in d.reason, d.reason
+            "equivalent on 27-38 of 48 greedy outputs; the guard asks 80%)") in d.reason, d.reason
+    # what the keep gave up: the fastest blocked configuration's measured speed
+    assert ("the fastest blocked, ngram K=10 w=2-4, measured 25 ms against no speculation's 30.1 ms (1.20x), "
+            "blocked by equivalence") in d.reason
+    assert d.evidence["fastest_blocked"]["speedup"] == pytest.approx(30.1 / 25.0)
     assert "two starts of no speculation agreed on 38 of 48 greedy outputs (79%), under the guard's 80% itself" \
         in d.reason
     # suffix matched 38 of 48, as often as the baseline agrees with itself
@@ -372,7 +378,7 @@ def test_a_winner_failing_equivalence_within_the_baselines_agreement_says_so(spe
               _trial(NGRAM, _tpot(10.1), role="confirm", compared=16, matched=14, throughput=300.0, guards=spec.guards)]
     d = decide(study_record(FakeStudy(spec, trials)))
     assert d.decision == "keep" and d.evidence["keep_reason"] == "guard"
-    assert "matched the baseline on 43/48 requests (the guard asks 100%)" in d.reason, d.reason
+    assert "equivalent to the baseline's on 43/48 requests (the guard asks 100%)" in d.reason, d.reason
     assert "starts of no speculation agreed on 75% of greedy outputs (3 pairs, 36 of 48)" in d.reason
     assert "within that, so the guard measured the engine's non-determinism" in d.reason
     assert d.evidence["equivalence"]["baseline_agreement"]["pairs"] == 3

@@ -49,6 +49,8 @@ def type_name(annotation, sections: dict[type, str]) -> str:
         return "null"
     if origin is typing.Literal:
         return " or ".join(f'"{a}"' for a in args)
+    if origin is typing.Annotated:  # constraints live in the field's description
+        return type_name(args[0], sections)
     if origin in (typing.Union, types.UnionType):
         return " or ".join(type_name(a, sections) for a in args)
     if origin is list:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer,
                       model_validator)
@@ -479,7 +479,12 @@ class ObjectiveSpec(_Model):
 class GuardSpec(_Model):
     max_failed_requests: int = Field(default=0, ge=0, description="failed requests a candidate may have")
     equivalence_min_match: float = Field(default=1.0, ge=0, le=1,
-                                         description="fraction of greedy outputs identical to the baseline's")
+                                         description="fraction of greedy outputs equivalent to the baseline's: "
+                                                     "identical, or parting from it first at a near-tie")
+    equivalence_near_tie: Annotated[float, Field(ge=0)] | Literal["auto"] = Field(
+        default="auto", description="nats: a divergence where the baseline's margin between its token and the "
+        "candidate's is at most this is a near-tie, numerics rather than a wrong output; auto: measured in the "
+        "baseline's start (docs/decisions.md)")
     throughput_floor: float = Field(default=0.9, gt=0, description="candidate/baseline output throughput")
     equivalence_min_compared: int = Field(default=16, ge=0, description="greedy requests the equivalence check "
                                           "must compare; fewer: 'not checked'")

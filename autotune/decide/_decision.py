@@ -21,6 +21,7 @@ from autotune.decide import _guards
 from autotune.decide._noise import (FUTILITY_POWER as FUTILITY, LIKELY_FASTER, PRECISION, _ci, _comparisons, _fmt_ci,
                                     _label, _noise_evidence, _plan, _precise, contenders, futility, indistinguishable,
                                     runoff_evidence)
+from autotune.search import _equivalence
 from autotune.search._levels import profile_groups
 from autotune.search._record import StudyRecord
 from autotune.search._space import NONE, canonical, label
@@ -262,10 +263,14 @@ def _decide(study: StudyRecord, history: list[dict] | None = None) -> Decision:
     agreement = _guards.baseline_agreement(baseline)  # the engine's own reproducibility of greedy outputs
     if best is None:
         evidence["comparison"] = "incumbent_vs_none" if deployed else "none"
-        why, failed = _guards.no_candidate_reason(study.trials(), spec.guards, agreement)
-        evidence["equivalence"] = {"baseline_agreement": agreement, "min_match": spec.guards.equivalence_min_match}
+        why, failed, blocked = _guards.no_candidate_reason(study.trials(), spec.guards, agreement,
+                                                            _mean_value(baseline))
+        evidence["equivalence"] = {"baseline_agreement": agreement, "min_match": spec.guards.equivalence_min_match,
+                                   **baseline_numerics(baseline)}
         if failed:
             evidence["guard_failures"] = failed
+        if blocked:
+            evidence["fastest_blocked"] = blocked
         return disable_or("no candidate", why)
     key = best.config_key
     cfg = best.config
@@ -282,11 +287,10 @@ def _decide(study: StudyRecord, history: list[dict] | None = None) -> Decision:
         evidence["drafts_short"] = short
     vs_none = _ci(c, "B", "W")
     evidence["winner_vs_none"] = vs_none.to_dict() if vs_none else None
-    eq = [t.equivalence for t in wtrials]
-    evidence["equivalence"] = {"compared": sum(e.get("compared", 0) for e in eq),
-                               "matched": sum(e.get("matched", 0) for e in eq),
+    evidence["equivalence"] = {**equivalence_evidence([t.equivalence for t in wtrials]),
                                "min_compared": spec.guards.equivalence_min_compared,
-                               "min_match": spec.guards.equivalence_min_match, "baseline_agreement": agreement}
+                               "min_match": spec.guards.equivalence_min_match, "baseline_agreement": agreement,
+                               **baseline_numerics(baseline)}
     bt, wt = evidence["baseline"]["output_throughput"], evidence["winner"]["output_throughput"]
     evidence["throughput_ratio"] = wt / bt if bt and wt is not None else None
     evidence["failed_requests"] = sum(t.measurement["summary"].get("failed", 0) for t in wtrials)
@@ -319,7 +323,8 @@ def _decide(study: StudyRecord, history: list[dict] | None = None) -> Decision:
     ref_name = f"the deployed {fmt_config(inc)}" if deployed else "no speculation"
     guard_fail = _guard_failure(spec.guards, evidence)
     if guard_fail:
-        return disable_or("guard", f"best candidate {label} fails a guard: {guard_fail}")
+        return disable_or("guard", f"best candidate {label} fails a guard: {guard_fail}; against {ref_name} "
+                                   f"it measured a speedup of {_fmt_ci(vs)}, given up for the guard")
     ref_side = "I" if deployed else "B"
     if vs.df <= 0:
         return disable_or("noise unmeasured", f"{label} vs {ref_name}: {_fmt_ci(vs)}; the {c['classes']['W']} "
@@ -367,6 +372,29 @@ def drafts_short(trials) -> dict | None:
     return {"starts": len(short), "of": len(trials), "position": short[0]["position"], "k": short[0]["k"]}
 
 
+def equivalence_evidence(eqs: list) -> dict:
+    """The winner's starts' equivalence judgments pooled: counts, the tolerance, the divergences
+    (request, token position, the two tokens, the baseline's margin there)."""
+    out = {k: sum(e.get(k, 0) for e in eqs) for k in ("compared", "matched")}
+    if eqs and all("differs" in e for e in eqs):
+        out.update({k: sum(e[k] for e in eqs) for k in ("identical", "near_ties", "differs")})
+        out["tolerance"] = max(e["tolerance"] for e in eqs)
+        out["tolerance_how"] = eqs[0].get("tolerance_how")
+        out["divergences"] = [d for e in eqs for d in e.get("divergences") or []][:_equivalence.SHOWN]
+    return out
+
+
+def _mean_value(trials) -> float | None:
+    vals = [t.value for t in trials if t.value is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def baseline_numerics(baseline) -> dict:
+    """The engine noise the baseline's starts measured (``_equivalence.engine_noise``), if any."""
+    noises = [t.equivalence["engine_noise"] for t in baseline if t.equivalence.get("engine_noise")]
+    return {"engine_noise": noises} if noises else {}
+
+
 def _guard_failure(guards, ev: dict) -> str | None:
     if ev["failed_requests"] > guards.max_failed_requests:
         return f"{ev['failed_requests']} failed requests (max {guards.max_failed_requests})"
@@ -378,7 +406,8 @@ def _guard_failure(guards, ev: dict) -> str | None:
                     f"{guards.equivalence_min_compared} needed (guards.equivalence_min_compared; "
                     "guards.equivalence_required: false opts out)")
     elif eq["compared"] and eq["matched"] / eq["compared"] < guards.equivalence_min_match:
-        why = (f"greedy outputs matched the baseline on {eq['matched']}/{eq['compared']} requests (the guard asks "
+        why = (f"greedy outputs equivalent to the baseline's on {eq['matched']}/{eq['compared']} requests"
+               f"{_guards.divergence_text([eq]) if 'differs' in eq else ''} (the guard asks "
                f"{guards.equivalence_min_match:.0%})")
         ba = eq.get("baseline_agreement")
         if ba:

@@ -53,16 +53,39 @@ def _span(lo, hi, fmt="{}") -> str:
 
 
 def _equivalence(trials) -> str:
-    """"matched 27-36 of 48 greedy outputs"."""
-    eq = [(t.equivalence.get("matched", 0), t.equivalence.get("compared", 0)) for t in trials]
-    eq = [(m, c) for m, c in eq if c]
+    """"equivalent on 11 of 16 greedy outputs (2 near-ties within 0.31 nats; real differences at
+    margins 1.2-5.0 nats)"."""
+    eq = [t.equivalence for t in trials if t.equivalence.get("compared")]
     if not eq:
         return "no greedy outputs compared"
-    ns = {c for _, c in eq}
+    ns = {e["compared"] for e in eq}
     if len(ns) == 1:
-        return f"matched {_span(min(m for m, _ in eq), max(m for m, _ in eq))} of {ns.pop()} greedy outputs"
-    fr = [m / c for m, c in eq]
-    return f"matched {_span(min(fr), max(fr), '{:.0%}')} of {_span(min(ns), max(ns))} greedy outputs"
+        text = f"equivalent on {_span(min(e['matched'] for e in eq), max(e['matched'] for e in eq))} of {ns.pop()} " \
+               "greedy outputs"
+    else:
+        fr = [e["matched"] / e["compared"] for e in eq]
+        text = f"equivalent on {_span(min(fr), max(fr), '{:.0%}')} of {_span(min(ns), max(ns))} greedy outputs"
+    return text + divergence_text(eq)
+
+
+def divergence_text(eqs) -> str:
+    """" (2 near-ties within 0.31 nats; real differences at margins 1.2-5.0 nats, 3 beyond the
+    baseline's top tokens)": what the judged divergences of some starts were (``_equivalence.judge``)."""
+    near = sum(e.get("near_ties", 0) for e in eqs)
+    divs = [d for e in eqs for d in e.get("divergences") or [] if d["verdict"] == "differs"]
+    if "differs" not in eqs[0]:  # recorded before divergences were judged
+        return ""
+    parts = []
+    tols = [e["tolerance"] for e in eqs if e.get("tolerance") is not None]
+    if tols:
+        parts.append(f"{near} near-tie{'s' if near != 1 else ''} within {max(tols):.3g} nats")
+    gaps = sorted(d["gap"] for d in divs if "gap" in d)
+    if gaps:
+        parts.append(f"real differences at margins {_span(gaps[0], gaps[-1], '{:.3g}')} nats")
+    beyond = sum(1 for d in divs if "gap" not in d)
+    if beyond:
+        parts.append(f"{beyond} where the baseline had no near alternative")
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def _detail(name: str, trials, guards) -> str:
@@ -91,6 +114,30 @@ def failures(trials, guards) -> dict:
         failed = [t for t in spec_trials if t.constraints.get(name, 0) > 0]
         out[name] = {"configs": sorted({label(t.config) for t in failed}), "starts": len(failed),
                      "detail": _detail(name, failed, guards)}
+        if name == "equivalence":  # what was compared, where each start parted, the margins
+            out[name]["starts_detail"] = [
+                {"trial": t.number, "config": label(t.config),
+                 **{k: t.equivalence[k] for k in ("compared", "identical", "near_ties", "differs", "matched",
+                                                  "tolerance", "divergences") if k in t.equivalence}}
+                for t in failed]
+    return out
+
+
+def fastest_blocked(trials, baseline_ms: float | None) -> dict | None:
+    """The fastest speculative configuration a guard blocked, by its mean objective over its
+    completed starts, and how it compares with no speculation: what the ``keep`` gave up."""
+    by: dict[str, list] = {}
+    for t in trials:
+        if t.config_key != NONE and t.value is not None and any(v > 0 for v in t.constraints.values()):
+            by.setdefault(t.config_key, []).append(t)
+    if not by:
+        return None
+    ts = min(by.values(), key=lambda ts: sum(t.value for t in ts) / len(ts))
+    ms = sum(t.value for t in ts) / len(ts)
+    out = {"config": ts[0].config, "label": label(ts[0].config), "objective_ms": ms, "starts": len(ts),
+           "guards": sorted({k for t in ts for k, v in t.constraints.items() if v > 0})}
+    if baseline_ms:
+        out.update(baseline_ms=baseline_ms, speedup=baseline_ms / ms)
     return out
 
 
@@ -108,17 +155,25 @@ def within_engine_noise(trials, ba: dict | None) -> list[str]:
                   >= ba["fraction"])
 
 
-def no_candidate_reason(trials, guards, ba: dict | None) -> tuple[str, dict]:
-    """The reason of a ``keep`` without a candidate, and its evidence (``guard_failures``)."""
+def no_candidate_reason(trials, guards, ba: dict | None,
+                        baseline_ms: float | None = None) -> tuple[str, dict, dict | None]:
+    """The reason of a ``keep`` without a candidate and its evidence: ``guard_failures``, and the
+    fastest blocked configuration's measured speed against ``baseline_ms``, no speculation's."""
     why = "no speculative configuration completed and passed the guards"
     failed = failures(trials, guards)
     if not failed:
-        return why, {}
+        return why, {}, None
     configs = {c for f in failed.values() for c in f["configs"]}
     parts = [f"{name} ({len(f['configs'])} configuration{'s' if len(f['configs']) != 1 else ''}: {f['detail']})"
              for name, f in failed.items()]
     why += (f": every speculative configuration that completed ({len(configs)}) failed a guard: "
             + "; ".join(parts))
+    blocked = fastest_blocked(trials, baseline_ms)
+    if blocked:
+        why += (f"; the fastest blocked, {blocked['label']}, measured {blocked['objective_ms']:.3g} ms"
+                + (f" against no speculation's {blocked['baseline_ms']:.3g} ms ({blocked['speedup']:.2f}x)"
+                   if blocked.get("baseline_ms") else "")
+                + f", blocked by {', '.join(blocked['guards'])}")
     if "equivalence" in failed and ba:
         why += "; " + agreement_text(ba)
         if ba["fraction"] < guards.equivalence_min_match:
@@ -129,4 +184,4 @@ def no_candidate_reason(trials, guards, ba: dict | None) -> tuple[str, dict]:
                     "measured the engine's non-determinism, not the speculation")
         elif ba["fraction"] < guards.equivalence_min_match:
             why += ": the guard measures the engine's non-determinism along with the speculation"
-    return why, failed
+    return why, failed, blocked

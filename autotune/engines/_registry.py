@@ -46,6 +46,9 @@ class Engine:
     server_env: Callable[[dict | None, dict, Path, str], dict] = lambda config, env, home, cache: {}
     """(run config, the spec's engine env, autotune's home, the compile-cache setting) -> environment
     a server start of that configuration gets on top of the spec's (vLLM: its compile cache)"""
+    logprobs: bool = False
+    """whether its OpenAI endpoints return top log-probabilities per generated token: the baseline's
+    greedy replays then ask for them, for the equivalence guard's near-tie margins"""
     equivalence_body: dict | None = None
     """request fields the equivalence replays add (llama.cpp: no prompt cache, since a replayed
     prompt would reuse KV computed in another batch)"""
@@ -67,7 +70,7 @@ def _vllm_tpot(server_metrics: dict | None) -> float | None:
 VLLM = Engine(kind="vllm", name="vLLM", server="vllm serve", probe=_vllm_probe, build_argv=_engine.build_argv,
               error_line=_engine.error_line, log_patterns=_serverlog.PATTERNS, request_tpot_ms=_vllm_tpot,
               deploy_fields=lambda config: {}, server_env=_engine.compile_cache_env,
-              batch_invariant=_invariance.batch_invariant, invariant_how=_invariance.HOW)
+              batch_invariant=_invariance.batch_invariant, invariant_how=_invariance.HOW, logprobs=True)
 LLAMACPP = Engine(kind=_llamacpp.KIND, name="llama.cpp", server=_llamacpp.SERVER,
                   probe=lambda command, python, env, cache_dir: _llamacpp.probe(command, env),
                   build_argv=_llamacpp.build_argv, error_line=_llamacpp.error_line,

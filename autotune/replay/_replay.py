@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
 from autotune.core._measure import STATISTICS, detect_stall, percentiles, request_tpot_ms, summarize
-from autotune.replay import _http
+from autotune.replay import _http, _logprobs
 from autotune.traffic._replayset import ReplayRequest
 
 __all__ = [
@@ -145,6 +145,10 @@ class StreamParser:
     done_at: float | None = None
     error: str | None = None
     chunks: int = 0
+    logprobs: list[list] = field(default_factory=list)
+    """per generated token ``[token, logprob, top]`` when the request asked for them (``_logprobs``)."""
+    token_ids: list[int] = field(default_factory=list)
+    """the generated token ids when the request asked for them (``_logprobs.ID_FIELDS``)."""
 
     @property
     def done(self) -> bool:
@@ -183,6 +187,8 @@ class StreamParser:
             text, carried, n = _chunk_tokens(choice)
             if choice.get("index", 0) == 0:
                 self.text_parts.append(text)
+                self.logprobs.extend(_logprobs.chunk_rows(choice))
+                self.token_ids.extend(_logprobs.chunk_ids(choice))
                 if choice.get("finish_reason"):
                     self.finish_reason = choice["finish_reason"]
             if carried:
@@ -219,6 +225,10 @@ class RequestResult:
     finished_at: float
     last_token_ms: float | None = None
     """send -> the last token-bearing chunk (``e2e_ms`` runs on to ``[DONE]``)."""
+    logprobs: list[list] | None = None
+    """``StreamParser.logprobs`` of a request that asked for them, else None."""
+    token_ids: list[int] | None = None
+    """``StreamParser.token_ids`` of a request that asked for them, else None."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -496,7 +506,7 @@ async def _send(pool: _http.Pool, base_url: str, model: str, req: ReplayRequest,
         finish_reason=parser.finish_reason, text=parser.text,
         spec=spec if isinstance(spec, dict) else None, server_metrics=metrics,
         started_at=t0, finished_at=t_end,
-        last_token_ms=last,
+        last_token_ms=last, logprobs=parser.logprobs or None, token_ids=parser.token_ids or None,
     )
     log.debug("request %s done: %s tokens, ttft %.1f ms, tpot %s ms", req.id, out_tokens,
               ttft if ttft is not None else float("nan"), tpot)

@@ -55,7 +55,7 @@ from autotune.search._record import (bands_of, claim_key_of, config_key_of, conf
                                      enqueued_claim_key, error_of, interrupted, measurement_of, repeat_asked, role_of,
                                      runoff_of, runoff_round_of, stalled)
 from autotune.search._recovery import recover_trials, trial_id
-from autotune.search import _bands, _nights, _observations, _predict, _runoff
+from autotune.search import _bands, _equivalence, _nights, _observations, _predict, _runoff
 from autotune.search._budget import Pause, StartBudget, confirm_reserve
 from autotune.search._confirm import Confirmation
 from autotune.search._levels import measurement_objective
@@ -233,6 +233,7 @@ class Study:
         trial, before any search; raises to stop the study (the runner passes it in)."""
         self.warm_start = list(warm_start or [])
         self.notes: list[str] = []
+        self._said_blocked = False
         self.replay_set = _replayset.load(spec.replay.path)
         # bands without replay.levels: levels from the traffic
         self.spec = spec = with_profile(spec, self.replay_set, self.notes)
@@ -374,10 +375,12 @@ class Study:
                 "study_sd_log": pooled.sd if pooled.df else None, "study_df": pooled.df}
 
     def baseline_outputs(self) -> dict[str, str]:
-        out: dict[str, str] = {}
-        for t in self.trials(config_key=NONE):
-            out.update(measurement_of(t).get("outputs", {}))
-        return out
+        return self.baseline_reference()[0]
+
+    def baseline_reference(self) -> tuple[dict, dict, dict, dict]:
+        """What a candidate's greedy outputs are judged against (``_equivalence.baseline_reference``)."""
+        return _equivalence.baseline_reference([measurement_of(t) for t in self.trials(config_key=NONE)],
+                                               self.spec.guards.equivalence_near_tie)
 
     def baseline_throughput(self) -> float | None:
         vals = [measurement_of(t)["summary"]["output_throughput_tok_s"] for t in self.trials(config_key=NONE)]
@@ -614,16 +617,21 @@ class Study:
         stall_verdict(m.summary, m.tpot_source)  # idempotent: measure() sets it; other producers too
         failed = m.summary.get("failed", 0)
         value = measurement_objective(m.levels, m.tpot_ms, self.spec.objective.statistic) if m.tpot_ms else float("inf")
-        base_out = self.baseline_outputs() if m.config else m.outputs
-        compared = [rid for rid in m.outputs if rid in base_out]
-        matched = sum(1 for rid in compared if m.outputs[rid] == base_out[rid])
-        match_frac = matched / len(compared) if compared else 1.0
+        if m.config:
+            base_out, base_texts, refs, tol = self.baseline_reference()
+            eq = {**_equivalence.judge(base_out, base_texts, refs, m.outputs, m.texts, tol["nats"], m.token_ids),
+                  "tolerance_how": tol["how"]}
+        else:  # the baseline: its own outputs, and the engine's numerics it measured
+            n = len(m.outputs)
+            eq = {"compared": n, "matched": n, "identical": n, "near_ties": 0, "differs": 0,
+                  **({"engine_noise": m.engine_noise} if m.engine_noise else {})}
+        match_frac = eq["matched"] / eq["compared"] if eq["compared"] else 1.0
         base_tp = self.baseline_throughput() if m.config else m.summary["output_throughput_tok_s"]
         tp_ratio = m.summary["output_throughput_tok_s"] / base_tp if base_tp else 1.0
         constraints = [float(failed - g.max_failed_requests), g.equivalence_min_match - match_frac,
                        g.throughput_floor - tp_ratio]
         trial.set_user_attr("measurement", m.to_attrs())
-        trial.set_user_attr("equivalence", {"compared": len(compared), "matched": matched})
+        trial.set_user_attr("equivalence", eq)
         trial.set_user_attr("throughput_ratio", tp_ratio)
         for name, c in zip(("failed_requests", "equivalence", "throughput_floor"), constraints):
             trial.set_constraint(name, c)
@@ -656,8 +664,24 @@ class Study:
         return None
 
     def confirm_reserve(self) -> int:
-        """Server starts the search leaves for the confirmation (``_budget.confirm_reserve``)."""
+        """Server starts the search leaves for the confirmation (``_budget.confirm_reserve``), none
+        while every speculative configuration measured so far failed a guard: no confirmation can
+        happen then, so its starts go to the search, and come back once a candidate passes."""
+        if self.all_blocked():
+            if not self._said_blocked:
+                self._said_blocked = True
+                note = (f"guards: every speculative configuration measured so far failed a guard; no confirmation "
+                        f"can happen until one passes, so the {confirm_reserve(self.spec)} starts kept for it go to "
+                        "the search")
+                self.notes.append(note)
+                log.warning("%s", note)
+            return 0
         return confirm_reserve(self.spec)
+
+    def all_blocked(self) -> bool:
+        """Speculative configurations completed, and every one failed a guard."""
+        spec_trials = [t for t in self.trials() if config_key_of(t) != NONE and t.constraints]
+        return bool(spec_trials) and self.best() is None
 
     def _callback(self, study, frozen) -> None:
         import optuna
@@ -724,8 +748,7 @@ class Study:
         from optuna.trial import TrialState
 
         self._dupes = 0
-        reserve = self.confirm_reserve()
-        while not self.trials(config_key=NONE) and not self.budget.blocked(reserve):
+        while not self.trials(config_key=NONE) and not self.budget.blocked(self.confirm_reserve()):
             if self._in_state((TrialState.RUNNING,), NONE):
                 self._wait_while_running(NONE)          # another worker runs the baseline
             elif not self._in_state((TrialState.WAITING,), NONE) and self._baseline_failed_here():
@@ -739,7 +762,7 @@ class Study:
                               f"(see {self.home / 'logs' / self.name})")
         for cfg in ([self.spec.incumbent] if self.spec.incumbent else []) + self.warm_start:
             params = self._enqueueable(cfg)
-            if params and not self.trials(config_key=canonical(cfg)) and not self.budget.blocked(reserve):
+            if params and not self.trials(config_key=canonical(cfg)) and not self.budget.blocked(self.confirm_reserve()):
                 self._run_enqueued(params, ROLE_SEARCH)
         self.fidelity = None
         if self.leader and self.spec.production.telemetry and self.fidelity_check is not None:
@@ -748,7 +771,7 @@ class Study:
             params = self.space.params_for(method)
             if self.trials(config_key=canonical(self.space.config_from_params(params))):
                 continue
-            if self.budget.blocked(reserve):
+            if self.budget.blocked(self.confirm_reserve()):
                 break
             self._run_enqueued(params, ROLE_SEARCH)
         # objective.search: the sampler (predictor, grid, random: _sampler.CandidateSampler; tpe) drives
@@ -760,13 +783,13 @@ class Study:
             knee = self.space.knee_k(method, rates or [])
             params = self.space.params_for(method, knee) if knee else None
             if params and not self.trials(config_key=canonical(self.space.config_from_params(params))) \
-                    and not self.budget.blocked(reserve):
+                    and not self.budget.blocked(self.confirm_reserve()):
                 self._run_enqueued(params, ROLE_SEARCH)
-        if not self.paused and not self.budget.blocked(reserve):
+        if not self.paused and not self.budget.blocked(self.confirm_reserve()):
             self.study.optimize(self.objective, catch=(TrialFailed,), callbacks=[self._callback],
                                 gc_after_trial=False)
         if not self.paused:
-            self.stopped_because = self.stopped_because or self.budget.left(reserve) or "search finished"
+            self.stopped_because = self.stopped_because or self.budget.left(self.confirm_reserve()) or "search finished"
             if self.stopped_because and self.leader:
                 self.study.set_user_attr("stopped_because", self.stopped_because)
             if self.leader:

@@ -22,9 +22,9 @@ from autotune.core._spec import StudySpec
 from autotune.core._settings import get_settings
 from autotune.engines import _affinity, _metrics, _registry, _serverlog
 from autotune.engines._engine import ServerStartError, VllmServer, free_port
-from autotune.replay import _replay
+from autotune.replay import _logprobs, _replay
 from autotune.replay._profile import ProfileRun
-from autotune.search import _settle
+from autotune.search import _equivalence, _settle
 from autotune.search._bands import BANDS_KEY, run_profile_scraped, scraped_profile_run
 from autotune.search._observations import k_of
 from autotune.traffic._replayset import ReplayRequest
@@ -49,6 +49,14 @@ class Measurement:
     """workload tag of each entry of ``tpot_ms``: per-tag breakdowns of one deployment's traffic."""
     outputs: dict[str, str] = field(default_factory=dict)
     """request id -> sha1 of the generated text, greedy requests only."""
+    texts: dict[str, str] = field(default_factory=dict)
+    """request id -> the generated text of the same requests: where a candidate leaves the baseline."""
+    token_ids: dict[str, list[int]] = field(default_factory=dict)
+    """request id -> the generated token ids, where the engine returned them (the equivalence replays)."""
+    logprobs: dict[str, list] = field(default_factory=dict)
+    """the baseline's (no speculation) equivalence replays: request id -> ``_equivalence.reference``."""
+    engine_noise: dict | None = None
+    """the baseline's equivalence replays a second time in another batching: ``_equivalence.engine_noise``."""
     errors: list[str] = field(default_factory=list)
     levels: dict[str, dict] = field(default_factory=dict)
     """``replay.mode: profile``: per level (``"4"``) its weight, in-window ``tpot_ms`` (engine's),
@@ -160,9 +168,8 @@ def measure(spec: StudySpec, config: dict | None, requests: list[ReplayRequest],
         try:
             run, before, after, settled = asyncio.run(
                 _replay_with_scrape(server.base_url, model, requests, warmup, spec, log_path, reserve, windows))
-            eq_run = asyncio.run(_replay.run_closed_loop(
-                server.base_url, model, equivalence, spec.replay.concurrency if invariant else 1,
-                timeout_s=spec.replay.timeout_s)) if equivalence else None
+            eq_run, eq_again = asyncio.run(_equivalence_replays(
+                server.base_url, model, equivalence, spec, invariant, engine.logprobs, baseline=config is None))
         except Exception as e:  # a dead server surfaces here as a refused /metrics scrape
             died = server.death(grace_s=5.0)
             reason = (f"{engine.server} died during the replay ({died})" if died
@@ -180,9 +187,15 @@ def measure(spec: StudySpec, config: dict | None, requests: list[ReplayRequest],
     d = _metrics.delta(before, after)
     ok = run.ok()
     failed = run.failed()
-    outputs = {r.id: digest(r.text) for r in ok if invariant and _is_greedy([*warmup, *requests], r.id)}
+    greedy = [r for r in ok if invariant and _is_greedy([*warmup, *requests], r.id)]
     if eq_run is not None:  # greedy copies of sampled requests: outputs only, after the measured part
-        outputs.update({r.id: digest(r.text) for r in eq_run.ok()})
+        greedy += eq_run.ok()
+    outputs = {r.id: digest(r.text) for r in greedy}
+    texts = {r.id: r.text for r in greedy}
+    token_ids = {r.id: r.token_ids for r in greedy if r.token_ids}
+    refs = {r.id: ref for r in greedy if (ref := _equivalence.reference(r.logprobs))}
+    noise = _equivalence.engine_noise({r.id: r.logprobs for r in eq_run.ok()},
+                                      {r.id: r.logprobs for r in eq_again.ok()}) if eq_again else None
     levels: dict[str, dict] = {}
     if isinstance(run, ProfileRun):  # the levels pooled with their traffic weights
         timed = run.weighted_tpots(request_tpot)
@@ -229,7 +242,7 @@ def measure(spec: StudySpec, config: dict | None, requests: list[ReplayRequest],
         wall_seconds=time.monotonic() - t0, summary=summary,
         spec_delta=d.to_dict(), tpot_ms=tpots, client_tpot_ms=client_tpots,
         tpot_source=source, tpot_mixed=mixed,
-        outputs=outputs, tags=[t for _, t in timed], errors=[f"{r.id}: {r.error}" for r in failed][:20],
+        outputs=outputs, texts=texts, token_ids=token_ids, logprobs=refs, engine_noise=noise, tags=[t for _, t in timed], errors=[f"{r.id}: {r.error}" for r in failed][:20],
         levels=levels, engine_notes=_serverlog.scan(log_path, patterns=engine.log_patterns),
     )
 
@@ -368,6 +381,27 @@ def tpot_mix(ok) -> dict[str, int]:
     sources = [request_tpot(r)[1] for r in ok if request_tpot(r)[0] is not None]
     n_engine, n_client = sources.count("server"), sources.count("client")
     return {"engine": n_engine, "client": n_client} if n_engine and n_client else {}
+
+
+async def _equivalence_replays(base_url, model, equivalence, spec, invariant: bool, logprobs: bool,
+                               baseline: bool):
+    """The equivalence replays of one start: (run, second run or None). One at a time where the
+    engine is not batch-invariant, else at the replay's concurrency. ``logprobs`` (an engine that
+    reports them): every replay returns its token ids, and the baseline's its top log-probabilities
+    too and, where the engine is not batch-invariant, runs once more all in one batch, so that
+    ``_equivalence.engine_noise`` measures how far the engine's own numerics move a margin (an
+    invariant engine's batchings agree by definition)."""
+    if not equivalence:
+        return None, None
+    if logprobs:
+        extra = _logprobs.request_fields if baseline else (lambda endpoint: _logprobs.ID_FIELDS)
+        equivalence = [replace(r, body={**r.body, **extra(r.endpoint)}) for r in equivalence]
+    first = await _replay.run_closed_loop(base_url, model, equivalence, spec.replay.concurrency if invariant else 1,
+                                          timeout_s=spec.replay.timeout_s)
+    if not (logprobs and baseline) or invariant:
+        return first, None
+    return first, await _replay.run_closed_loop(base_url, model, equivalence, len(equivalence),
+                                                timeout_s=spec.replay.timeout_s)
 
 
 def _is_greedy(requests: list[ReplayRequest], rid: str) -> bool:

@@ -40,6 +40,8 @@ def main(argv=None) -> int:
                        "wall_seconds": m.get("wall_seconds"), "tpot_source": m.get("tpot_source"),
                        "levels": m.get("levels"), "summary": m.get("summary"), "spec_delta": m.get("spec_delta"),
                        "argv": m.get("argv"), "log_path": m.get("log_path"),
+                       # the greedy outputs the equivalence guard judged (judge_points.py reads the baseline's)
+                       **{k: m.get(k) for k in ("outputs", "texts", "token_ids", "logprobs", "engine_noise") if m.get(k)},
                        "datetime_start": str(t.datetime_start), "datetime_complete": str(t.datetime_complete),
                        "user_attrs": {k: v for k, v in ua.items() if k not in ("config",)}}
                 fh.write(json.dumps(row, default=str) + "\n")

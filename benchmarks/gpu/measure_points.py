@@ -172,6 +172,9 @@ def _main(argv=None) -> int:
                     help=f"count only --done rows measured under this protocol ({PROTOCOL!r}: filled windows)")
     ap.add_argument("--starts", type=int, default=1,
                     help="measure each config until it has this many measured starts (grid: counting --done rows)")
+    ap.add_argument("--equivalence", action="store_true",
+                    help="replay the study's greedy equivalence requests after each start and keep their outputs, "
+                         "texts and (no speculation) log-probabilities in the row, for judge_points.py")
     ap.add_argument("--windows", type=int, default=1,
                     help="steady windows per start, one after another on the same server (the first is the row's)")
     ap.add_argument("--windows-replay", default="/tmp/h200/replay-windows.jsonl",
@@ -197,6 +200,7 @@ def _main(argv=None) -> int:
     warmup, search, _ = split_requests(spec, rs)
     reserve = reserve_requests(spec, rs) if spec.replay.mode == "profile" else []
     more = window_requests(spec, rs)  # the spec's own replay.windows, pooled into the row's figures
+    equivalence = _trial.equivalence_requests(spec, search, caps) if args.equivalence else []
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     have = done_counts([out, *map(Path, args.done)], spec.workload, spec.model, args.protocol) if not args.label else {}
@@ -226,10 +230,12 @@ def _main(argv=None) -> int:
         try:
             m = measure(spec, cfg, search, warmup, log, command,
                         extra_args=caps.per_request_metrics_args(cfg is not None), reserve=reserve,
-                        windows=more)
+                        windows=more, **({"equivalence": equivalence, "caps": caps} if equivalence else {}))
             row.update(ok=True, tpot=_measure.summarize(m.tpot_ms, spec.objective.statistic) if m.tpot_ms else None,
                        tpot_source=m.tpot_source, start_seconds=m.start_seconds, wall_seconds=m.wall_seconds,
-                       levels=m.levels, summary=m.summary, spec_delta=m.spec_delta, argv=m.argv)
+                       levels=m.levels, summary=m.summary, spec_delta=m.spec_delta, argv=m.argv,
+                       **({"outputs": m.outputs, "texts": m.texts, "token_ids": m.token_ids, "logprobs": m.logprobs,
+                           "engine_noise": m.engine_noise} if equivalence else {}))
         except TrialFailed as e:
             row.update(ok=False, error=e.reason)
         took.append(time.monotonic() - t0)

@@ -21,7 +21,8 @@
 #   points:WORKLOAD:LABEL:JSON  measure the speculative configs of JSON (a list) once each, in order (a
 #                               config listed twice is started twice); DEADLINE_S=N in the environment:
 #                               begin a start only when the step's longest start so far fits in N s;
-#                               WINDOWS=N: N steady windows per start (measure_points.py --windows)
+#                               WINDOWS=N: N steady windows per start (measure_points.py --windows);
+#                               EQUIVALENCE=1: the greedy equivalence replays too (judge_points.py)
 #   grid:WORKLOAD:SECONDS:ITEMS[:STARTS]
 #                               measure grid points not measured yet (ITEMS: none,ngram=1/2/4,...),
 #                               ending within SECONDS: a point begins only when the step's longest
@@ -103,7 +104,7 @@ for step in "$@"; do
       export_trials; tail -20 $R/results/trials.txt ;;
     points)
       python3 benchmarks/gpu/measure_points.py benchmarks/gpu/"$a".yaml --label "$b" --configs "$c" \
-        ${DEADLINE_S:+--deadline-s "$DEADLINE_S"} ${WINDOWS:+--windows "$WINDOWS"} \
+        ${DEADLINE_S:+--deadline-s "$DEADLINE_S"} ${WINDOWS:+--windows "$WINDOWS"} ${EQUIVALENCE:+--equivalence} \
         --out $R/results/points.jsonl --log-dir $R/logs 2>&1 | tee -a $R/results/points.out
       export_trials ;;
     grid)
