@@ -175,3 +175,77 @@ def test_token_id_names_parse_to_ints_and_the_chunk_ids_are_kept():
     p = StreamParser()
     p.feed_event({"choices": [comp]}, 0.0)
     assert p.token_ids == [7]
+
+
+# ---- a study judged by the rule (the synthetic workload's measurements, greedy outputs as token ids) ----
+def _study_run(tmp_path, monkeypatch, take, budget, min_match=0.9):
+    """A study of the synthetic workload whose baseline outputs tokens 1..6 per request, with a
+    near-tie at position 2 (token 9, 0.05 nats behind) and engine noise of 0.04 nats measured by
+    its second batching; ``take(config)`` is what a speculative start puts at the first token it
+    changes, as (position, token), or None for identical outputs."""
+    from dataclasses import replace as dc_replace
+
+    from _synthetic import Workload
+    from test_search_study import RATES, fake_measure, make_spec
+
+    from autotune.decide import _decision
+    from autotune.engines._probe import Capabilities
+    from autotune.search import _study
+    from autotune.search._record import study_record
+    from autotune.search._space import SearchSpace
+
+    spec = make_spec(tmp_path, budget=budget)
+    spec = spec.model_copy(update={"guards": spec.guards.model_copy(update={"equivalence_min_match": min_match})})
+    inner = fake_measure(Workload(rates=RATES))
+    base_rows = rows([(t, -0.01, [(9, -0.06)] if t == 3 else [(50 + t, -4.0)]) for t in range(1, 7)])
+
+    def measure(spec, config, requests, warmup, *a, **kw):
+        m = inner(spec, config, requests, warmup, *a)
+        ids = {r.id: list(range(1, 7)) for r in requests[:16]}
+        if config is None:
+            return dc_replace(m, outputs={r: digest(str(v)) for r, v in ids.items()}, token_ids=ids,
+                              logprobs={r: eq.reference(base_rows) for r in ids},
+                              engine_noise={"requests": 16, "positions": 96, "shift": 0.04, "shift_p99": 0.03,
+                                            "flips": 0, "flip_gaps": [], "flips_outside_top": 0})
+        change = take(config)
+        if change:
+            pos, tok = change
+            ids = {r: v[:pos] + [tok] + [70 + i for i in range(5 - pos)] for r, v in ids.items()}
+        return dc_replace(m, outputs={r: digest(str(v)) for r, v in ids.items()}, token_ids=ids)
+
+    monkeypatch.setattr(_study, "measure", measure)
+    caps = Capabilities(version="0.32.0", methods=["ngram"], fields=["method", "num_speculative_tokens",
+                        "prompt_lookup_min", "prompt_lookup_max"], arctic_inference=False)
+    study = _study.Study(spec, caps, SearchSpace.build(spec.space, caps), spec.storage, ["vllm", "serve"],
+                         tmp_path / "home")
+    study.confirm_open = lambda: _decision.open_question(study_record(study))
+    study.run()
+    return study, _decision.decide(study_record(study))
+
+
+def test_a_study_whose_candidates_flip_only_near_ties_changes(tmp_path, monkeypatch):
+    study, d = _study_run(tmp_path, monkeypatch, lambda cfg: (2, 9),
+                          {"max_trials": 6, "max_server_starts": 12, "max_wall_minutes": 10})
+    assert d.decision == "change", d.reason
+    ev = d.evidence["equivalence"]
+    assert ev["near_ties"] == ev["compared"] and ev["differs"] == 0 and ev["tolerance"] == pytest.approx(0.08)
+    assert ev["divergences"][0]["gap"] == pytest.approx(0.05) and ev["divergences"][0]["position"] == 2
+    assert "2 x 0.04 nats" in ev["tolerance_how"] and ev["engine_noise"][0]["shift"] == 0.04
+
+
+def test_a_lossy_study_keeps_names_the_margins_and_spends_the_confirmations_starts_on_the_search(tmp_path,
+                                                                                                    monkeypatch):
+    budget = {"max_trials": 12, "max_server_starts": 10, "max_wall_minutes": 10}
+    study, d = _study_run(tmp_path, monkeypatch, lambda cfg: (1, 50 + 2), budget)
+    assert d.decision == "keep" and d.evidence["keep_reason"] == "no candidate"
+    assert "real differences at margins 3.99 nats" in d.reason and "the fastest blocked" in d.reason
+    assert d.evidence["fastest_blocked"]["speedup"] > 1.5 and d.evidence["fastest_blocked"]["guards"] == ["equivalence"]
+    detail = d.evidence["guard_failures"]["equivalence"]["starts_detail"][0]
+    assert detail["differs"] == 16 and detail["divergences"][0]["position"] == 1
+    # no confirmation could happen, so its reserve went to the search: more starts than budget - reserve
+    from autotune.search._budget import confirm_reserve
+
+    starts = study.server_starts()
+    assert starts > budget["max_server_starts"] - confirm_reserve(study.spec), starts
+    assert any("no confirmation can happen until one passes" in n for n in study.notes)
+    assert not [t for t in study.trials() if t.user_attrs.get("role") == "confirm"]
