@@ -254,3 +254,20 @@ def test_property_a_compression_bomb_fails_fast_naming_file_and_line(setup, line
     _assert_refused(code, out, log, peak)
     assert f"{log}:{before + 1}: a line longer than {LINE_LIMIT // MiB} MiB (decompressed)" in out
     assert not list(home.glob("traffic/*.jsonl")) and not list(home.glob("traffic/.*.tmp"))
+
+
+def test_a_duplicate_replay_id_is_named_with_both_lines_in_one_pass(tmp_path):
+    """A replay set whose last id repeats: the check counted each id's occurrences, quadratic in
+    the set's length (30,000 lines took 22 s); now a duplicate is found where it is read."""
+    from autotune.traffic._replayset import ReplaySetError, load
+
+    n = 20_000
+    lines = [f'{{"id": "r{i}", "endpoint": "completions", "body": {{"prompt": "p"}}}}' for i in range(n)]
+    lines.append(lines[3])
+    p = tmp_path / "dup.jsonl"
+    p.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ReplaySetError, match=rf"dup.jsonl:{n + 1}: duplicate request id 'r3' \(first on line 4\)"):
+        load(p)
+    ok = tmp_path / "ok.jsonl"
+    ok.write_text("\n".join(lines[:-1]))
+    assert len(load(ok).requests) == n

@@ -121,6 +121,7 @@ def load(path: str | Path) -> ReplaySet:
     except InputError as e:
         raise ReplaySetError(str(e)) from None
     reqs = []
+    first_line: dict[str, int] = {}  # id -> its line: a duplicate is named in the same pass, at once
     for i, line in enumerate(raw.split(b"\n"), 1):
         if not line.strip():
             continue
@@ -128,13 +129,13 @@ def load(path: str | Path) -> ReplaySet:
             text = line.decode("utf-8")
         except UnicodeDecodeError as e:
             raise ReplaySetError(f"{path}:{i}: not UTF-8 (byte {e.start + 1} of the line)") from None
-        reqs.append(parse_line(text, f"{path}:{i}"))
+        r = parse_line(text, f"{path}:{i}")
+        if r.id in first_line:
+            raise ReplaySetError(f"{path}:{i}: duplicate request id {r.id!r} (first on line {first_line[r.id]})")
+        first_line[r.id] = i
+        reqs.append(r)
     if not reqs:
         raise ReplaySetError(f"{path}: replay set has no requests")
-    ids = [r.id for r in reqs]
-    if len(set(ids)) != len(ids):
-        dup = next(i for i in ids if ids.count(i) > 1)
-        raise ReplaySetError(f"{path}: duplicate request id {dup!r}")
     return ReplaySet(path=path, requests=reqs)
 
 
