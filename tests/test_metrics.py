@@ -273,3 +273,18 @@ def test_a_band_schedule_drafts_fewer_tokens_on_purpose():
     assert drafted_short(cfg, d)["position"] == 3
     assert drafted_short({**cfg, BANDS_KEY: [[1, 4, 3], [5, 32, 0]]}, d) is None
     assert drafted_short(None, d) is None
+
+
+def test_counters_that_fall_or_overrun_are_named_as_nonsense():
+    """An engine whose speculative counters go negative and fall during a start: the trial fails
+    with a reason naming the counter (the study exited 70 with ZeroDivisionError before)."""
+    from autotune.engines._metrics import nonsense
+
+    a = parse_exposition(expo(10, 40, 20, [8, 6, 4, 2], gen=100))
+    b = parse_exposition(expo(30, 120, 60, [20, 18, 14, 8], gen=300))
+    assert nonsense(delta(a, b)) is None
+    assert "vllm:spec_decode_num_drafts fell by 20" in nonsense(delta(b, a))
+    over = parse_exposition(expo(30, 120, 130, [20, 18, 14, 8], gen=300))
+    assert "110 draft tokens accepted of 80 drafted" in nonsense(delta(a, over))
+    bad_pos = parse_exposition(expo(30, 120, 60, [20, 18, 14, 99], gen=300))
+    assert "position 3 changed by 97 with 20 drafts" in nonsense(delta(a, bad_pos))

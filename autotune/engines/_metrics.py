@@ -234,6 +234,25 @@ def delta(before: Snapshot, after: Snapshot) -> SpecDelta:
     )
 
 
+def nonsense(d: SpecDelta) -> str | None:
+    """What in a start's counter deltas cannot be true, or None: counters only grow over one
+    server's life, no draft accepts more tokens than were drafted, and no position more often
+    than there were drafts. An engine that reports otherwise (a negative, falling counter) gives
+    a start no figure worth keeping: the caller fails that trial with this reason."""
+    for name, v in (("spec_decode_num_drafts", d.drafts), ("spec_decode_num_draft_tokens", d.draft_tokens),
+                    ("spec_decode_num_accepted_tokens", d.accepted_tokens), ("generation_tokens", d.generated_tokens),
+                    ("num_preemptions", d.preemptions), ("inter-token latency count", d.itl_count or 0.0)):
+        if v < 0 or v != v:
+            return f"vllm:{name} fell by {-v:g} during the start (a counter only grows)"
+    for i, v in enumerate(d.accepted_per_position):
+        if v < 0 or v > d.drafts:
+            return (f"vllm:spec_decode_num_accepted_tokens_per_pos position {i} changed by {v:g} with "
+                    f"{d.drafts:g} drafts")
+    if d.accepted_tokens > d.draft_tokens:
+        return f"{d.accepted_tokens:g} draft tokens accepted of {d.draft_tokens:g} drafted"
+    return None
+
+
 #: the accepted tokens the next position should have had before zero there counts as a cut
 DRAFT_REACH_MIN_EXPECTED = 10.0
 

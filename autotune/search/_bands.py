@@ -141,7 +141,11 @@ async def run_profile_scraped(client, base_url: str, model: str, pool, levels: S
         after = await _metrics.scrape(client, base_url)
         pos += lv + n
         runs[lv] = _replay.merge_windows(got)
-        deltas[lv] = {**_metrics.delta(before, after).to_dict(), "requests": sent}
+        d = _metrics.delta(before, after)
+        bad = _metrics.nonsense(d)
+        if bad:  # measure() fails the trial with it
+            raise ValueError(f"the engine's /metrics cannot be true at level {lv}: {bad}")
+        deltas[lv] = {**d.to_dict(), "requests": sent}
     return runs, deltas
 
 

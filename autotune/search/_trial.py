@@ -185,6 +185,9 @@ def measure(spec: StudySpec, config: dict | None, requests: list[ReplayRequest],
         if on_server:
             on_server(None)
     d = _metrics.delta(before, after)
+    bad = _metrics.nonsense(d)  # a profile level's own scrapes are checked as they are taken (_bands)
+    if bad:
+        raise TrialFailed(f"{engine.name}'s /metrics cannot be true: {bad}", str(log_path), server.start_seconds)
     ok = run.ok()
     failed = run.failed()
     greedy = [r for r in ok if invariant and _is_greedy([*warmup, *requests], r.id)]
