@@ -245,7 +245,8 @@ def measure(spec: StudySpec, config: dict | None, requests: list[ReplayRequest],
         wall_seconds=time.monotonic() - t0, summary=summary,
         spec_delta=d.to_dict(), tpot_ms=tpots, client_tpot_ms=client_tpots,
         tpot_source=source, tpot_mixed=mixed,
-        outputs=outputs, texts=texts, token_ids=token_ids, logprobs=refs, engine_noise=noise, tags=[t for _, t in timed], errors=[f"{r.id}: {r.error}" for r in failed][:20],
+        outputs=outputs, texts=texts, token_ids=token_ids, logprobs=refs, engine_noise=noise,
+        tags=[t for _, t in timed], errors=[f"{r.id}: {r.error}" for r in failed][:20],
         levels=levels, engine_notes=_serverlog.scan(log_path, patterns=engine.log_patterns),
     )
 
