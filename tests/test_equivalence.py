@@ -108,7 +108,9 @@ def test_engine_noise_measures_margin_shifts_and_flips_between_two_batchings():
          "r2": rows([("q", -0.21, [("p", -0.22)])])}  # parted at once: a's margin there was 0.05
     n = eq.engine_noise(a, b)
     assert n["requests"] == 2 and n["positions"] == 2 and n["shift"] == pytest.approx(0.2)
-    assert n["flips"] == 1 and n["flip_gaps"] == [pytest.approx(0.05)]
+    assert n["flips"] == 1 and n["flip_gaps"] == [pytest.approx(0.05)] and n["flip_gap_max"] == pytest.approx(0.05)
+    # a flip whose margin is larger than any shift sets the measurement
+    assert eq.measured({**n, "flip_gap_max": 0.3}) == 0.3 and eq.measured(n) == pytest.approx(0.2)
     assert eq.engine_noise(a, {}) is None
 
 

@@ -87,8 +87,14 @@ def engine_noise(first: dict[str, list[list]], second: dict[str, list[list]]) ->
     finite = [g for g in flips if g != float("inf")]
     return {"requests": compared, "positions": len(shifts), "shift": max(shifts, default=0.0),
             "shift_p99": sorted(shifts)[int(0.99 * (len(shifts) - 1))] if shifts else 0.0,
-            "flips": len(flips), "flip_gaps": sorted(finite)[:SHOWN],
+            "flips": len(flips), "flip_gaps": sorted(finite)[:SHOWN], "flip_gap_max": max(finite, default=0.0),
             "flips_outside_top": len(flips) - len(finite)}
+
+
+def measured(noise: dict) -> float:
+    """The largest margin move a baseline's two batchings showed: along shared tokens, or as a
+    flip (the first replay's margin where they parted)."""
+    return max(noise["shift"], noise.get("flip_gap_max", max(noise.get("flip_gaps") or [0.0])))
 
 
 def tolerance(noise: dict | None, setting: float | str) -> dict:
@@ -98,11 +104,11 @@ def tolerance(noise: dict | None, setting: float | str) -> dict:
         return {"nats": float(setting), "how": "set by guards.equivalence_near_tie"}
     if not noise:
         return {"nats": 0.0, "how": "auto: no second baseline replay to measure the engine's numerics (exact match)"}
-    measured = max([noise["shift"], *noise["flip_gaps"]])
-    nats = min(NEAR_TIE_CAP, NEAR_TIE_FACTOR * measured)
-    how = (f"auto: {NEAR_TIE_FACTOR:g} x {measured:.3g} nats, the largest margin shift between two batchings of "
+    moved = measured(noise)
+    nats = min(NEAR_TIE_CAP, NEAR_TIE_FACTOR * moved)
+    how = (f"auto: {NEAR_TIE_FACTOR:g} x {moved:.3g} nats, the largest margin shift between two batchings of "
            f"the baseline ({noise['positions']} tokens, {noise['flips']} of {noise['requests']} outputs parted)")
-    if nats < NEAR_TIE_FACTOR * measured:
+    if nats < NEAR_TIE_FACTOR * moved:
         how += f", capped at {NEAR_TIE_CAP:g}"
     return {"nats": nats, "how": how}
 
@@ -123,7 +129,7 @@ def baseline_reference(measurements: list[dict], setting: float | str) -> tuple[
         refs.update(m.get("logprobs") or {})
         if m.get("engine_noise"):
             noises.append(m["engine_noise"])
-    noise = max(noises, key=lambda n: max([n["shift"], *n["flip_gaps"]]), default=None)
+    noise = max(noises, key=measured, default=None)
     return outputs, texts, refs, tolerance(noise, setting)
 
 
