@@ -20,7 +20,8 @@ def test_parse_and_format_cpulist_round_trip():
     assert parse_cpulist("0-3,8, 10-11", "X") == {0, 1, 2, 3, 8, 10, 11}
     assert format_cpulist({0, 1, 2, 3, 8, 10, 11}) == "0-3,8,10-11"
     assert format_cpulist(parse_cpulist("5", "X")) == "5"
-    for bad, why in (("0-x", "'0-x' is not a CPU list"), ("", "is not a CPU list"), ("4-2", "runs backwards")):
+    for bad, why in (("0-x", "'0-x' is not a CPU list"), ("", "is not a CPU list"), ("4-2", "runs backwards"),
+                     ("0-4294967295", "CPU 4294967295 is beyond any CPU id Linux names (0-8191)")):
         with pytest.raises(ValueError) as ei:
             parse_cpulist(bad, "AUTOTUNE__SERVER_CPUS")
         assert ei.value.args[0].startswith("AUTOTUNE__SERVER_CPUS: ") and why in ei.value.args[0]

@@ -277,6 +277,7 @@ def test_an_invalid_setting_exits_2_naming_it(env, monkeypatch):
     ("AUTOTUNE__STUDIES_DIR", "{file}", "{file} is not a folder"),
     ("AUTOTUNE__RECOMMENDATIONS_DIR", "{file}", "{file} is not a folder"),
     ("AUTOTUNE__VLLM_COMPILE_CACHE", "sometimes", "'sometimes'; Input should be 'per-config' or 'shared'"),
+    ("AUTOTUNE__STORAGE", "", "empty: unset it, or give a database URL"),
 ])
 @pytest.mark.parametrize("command", [["study", "start", "--workload", "code"], ["study", "list"],
                                      ["traffic", "sample", "--workload", "code"], ["drift", "check", "code"]])

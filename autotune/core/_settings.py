@@ -73,6 +73,13 @@ class Settings(BaseSettings):
             raise ValueError(f"{v} is not a folder")
         return v
 
+    @field_validator("storage")
+    @classmethod
+    def _a_url(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():  # set but empty: a study ran into the spec's storage instead
+            raise ValueError("empty: unset it, or give a database URL")
+        return v
+
     @field_validator("vllm_command")
     @classmethod
     def _a_command(cls, v: str | None) -> str | None:

@@ -17,6 +17,9 @@ import os
 import re
 
 _RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+))?\s*$")
+MAX_CPU = 8191
+"""The largest CPU id Linux can name (NR_CPUS is at most 8192): a range past it is a typo, and
+building it (``0-4294967295``) ran out of memory."""
 
 
 def parse_cpulist(text: str, name: str) -> frozenset[int]:
@@ -30,6 +33,8 @@ def parse_cpulist(text: str, name: str) -> frozenset[int]:
         lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
         if hi < lo:
             raise ValueError(f"{name}: {text!r}: range {lo}-{hi} runs backwards")
+        if hi > MAX_CPU:
+            raise ValueError(f"{name}: {text!r}: CPU {hi} is beyond any CPU id Linux names (0-{MAX_CPU})")
         cpus.update(range(lo, hi + 1))
     return frozenset(cpus)
 
