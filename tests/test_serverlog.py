@@ -81,3 +81,34 @@ def test_registered_pattern_is_found(tmp_path):
                                               "line": "INFO Prefix caching is disabled for the drafter"}}
     finally:
         PATTERNS.pop("prefix_cache_off", None)
+
+
+def test_a_huge_log_is_read_a_chunk_at_a_time(tmp_path):
+    """A vLLM at debug level writes gigabytes in a night; a 1 GiB log cost 3.9 GB read whole. The
+    compile grep and the dying server's reason read it in bounded pieces: here 16 MiB of noise,
+    a line that never ends, then the lines that matter; no pattern is matched against more than
+    ``LINE_CAP`` characters of one line."""
+    import tracemalloc
+
+    from autotune.engines._engine import error_line
+    from autotune.engines._serverlog import CHUNK, compiles_since, tail
+
+    log = tmp_path / "server.log"
+    noise = b"DEBUG 12-07 03:00:00 [core.py:1] step\n" * (16 * CHUNK // 38)
+    with open(log, "wb") as fh:
+        fh.write(noise)
+        fh.write(b"x" * (6 * CHUNK))  # no newline for 6 MiB
+        fh.write(b"\nINFO JIT compilation during inference: vllm.ops.rejection\n")
+        fh.write(b"(EngineCore pid=1) ERROR 12-07 [core.py:2] ValueError: the drafter ran out of memory\n")
+        fh.write(b"partial line the server is still writ")
+    tracemalloc.start()
+    kernels, end = compiles_since(log, 0)
+    reason = error_line(tail(log))  # a regex on the 6 MiB line whole backtracked for hours
+    notes = scan(log, max_bytes=64 * CHUNK)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert kernels == ["vllm.ops.rejection"] and notes == {}
+    assert end == log.stat().st_size - len(b"partial line the server is still writ")  # whole lines only
+    assert reason and "the drafter ran out of memory" in reason
+    assert peak < 12 * CHUNK, peak  # a few chunks, not the 22 MiB file
+    assert compiles_since(log, end) == ([], end)

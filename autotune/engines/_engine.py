@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from autotune.core._files import PRIVATE, open_new, private_dir
-from autotune.engines import _affinity, _recovery
+from autotune.engines import _affinity, _recovery, _serverlog
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ def build_argv(command: list[str], model: str, serve_args: dict[str, Any],
 def error_line(log_text: str) -> str | None:
     """vLLM's own reason for a failed start: the last exception line of its log."""
     found = None
-    lines = log_text.splitlines()
+    lines = [ln[:_serverlog.LINE_CAP] for ln in log_text.splitlines()]
     for i, line in enumerate(lines):
         if any(n in line for n in _NOISE):
             continue
@@ -210,7 +210,7 @@ class VllmServer:
             while True:
                 rc = self.proc.poll()
                 if rc is not None:
-                    text = self.log_path.read_text(errors="replace")
+                    text = _serverlog.tail(self.log_path)
                     reason = (self.error_line or error_line)(text) or f"{self.name} exited with status {rc} (see log)"
                     raise ServerStartError(reason, self.log_path, rc)
                 try:
@@ -273,7 +273,7 @@ class VllmServer:
         except ValueError:
             how = f"exit status {rc}"
         try:
-            line = (self.error_line or error_line)(self.log_path.read_text(errors="replace"))
+            line = (self.error_line or error_line)(_serverlog.tail(self.log_path))
         except OSError:
             line = None
         return how + (f": {line}" if line else "")

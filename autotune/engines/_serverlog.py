@@ -40,7 +40,7 @@ PATTERNS: dict[str, Pattern] = {
         re.compile(r"Enforce eager set, disabling torch\.compile, CUDAGraphs"),
         "eager mode: no torch.compile, no CUDA graphs"),
     "sampling_params_ignored": Pattern(
-        re.compile(r"(?P<what>[\w, ]+?) parameters? won't work with speculative decoding"),
+        re.compile(r"(?P<what>[\w, ]{1,200}?) parameters? won't work with speculative decoding"),
         "sampling parameters ignored with speculative decoding: {what}"),
     "jit_while_serving": Pattern(
         re.compile(r"kernel JIT compilation during inference: (?P<kernel>\w+)"),
@@ -53,6 +53,12 @@ def register(name: str, regex: str, note: str) -> None:
     PATTERNS[name] = Pattern(re.compile(regex), note)
 
 
+LINE_CAP = 8192
+"""The most of one log line a pattern is matched against: what autotune looks for sits at a
+line's start, and a regex on a line of megabytes (a blob vLLM logs at debug level) can take
+hours where it backtracks."""
+
+
 def scan(path: str | Path, max_bytes: int = 32 << 20, patterns: dict[str, Pattern] | None = None) -> dict[str, dict]:
     """``{id: {"note", "line"}}`` for each pattern found in the log (first occurrence; vLLM's API
     server and engine processes often log the same warning twice). Reads line by line, at most
@@ -62,10 +68,11 @@ def scan(path: str | Path, max_bytes: int = 32 << 20, patterns: dict[str, Patter
     found: dict[str, dict] = {}
     try:
         with open(path, encoding="utf-8", errors="replace") as fh:
-            read = 0
-            for line in fh:
+            read, at_start = 0, True
+            for line in iter(lambda: fh.readline(LINE_CAP), ""):  # a line of any length, a piece at a time
                 read += len(line)
-                for name, p in patterns.items():
+                starts, at_start = at_start, line.endswith("\n")
+                for name, p in patterns.items() if starts else ():  # a line's first LINE_CAP characters
                     m = None if name in found else p.regex.search(line)
                     if m:
                         found[name] = {"note": p.note.format(**{k: v.strip() for k, v in m.groupdict().items()}),
@@ -121,19 +128,43 @@ def compiles_since(path: str | Path, offset: int) -> tuple[list[str], int]:
     return [m.group("kernel") for m in found], end
 
 
+CHUNK = 1 << 20
+"""How much of a log ``_grep`` holds at once: a vLLM at debug level writes gigabytes in a night."""
+MAX_MATCHES = 1000
+
+
 def _grep(path: str | Path, offset: int, regexes) -> tuple[list[re.Match], int]:
+    """Matches of ``regexes`` in the whole lines after byte ``offset``, read a chunk at a time
+    (memory bounded whatever the log's size), and the offset after the last whole line read."""
     out: list[re.Match] = []
     try:
-        with open(path, "rb") as fh:
-            fh.seek(offset)
-            data = fh.read()
+        fh = open(path, "rb")
     except OSError:
         return out, offset
-    # only whole lines: a line the server is still writing is read on the next call
-    cut = data.rfind(b"\n") + 1
-    for line in data[:cut].decode("utf-8", errors="replace").splitlines():
-        for rx in regexes:
-            m = rx.search(line)
-            if m:
-                out.append(m)
-    return out, offset + cut
+    with fh:
+        fh.seek(offset)
+        pos, buf = offset, b""
+        while chunk := fh.read(CHUNK):
+            buf += chunk
+            # only whole lines: a line the server is still writing is read on the next call
+            cut = buf.rfind(b"\n") + 1
+            if not cut:
+                if len(buf) > 4 * CHUNK:  # a line without end: skip its head, keep its tail
+                    pos, buf = pos + len(buf) - CHUNK, buf[-CHUNK:]
+                continue
+            for line in buf[:cut].decode("utf-8", errors="replace").splitlines():
+                for rx in regexes:
+                    m = rx.search(line[:LINE_CAP])
+                    if m and len(out) < MAX_MATCHES:
+                        out.append(m)
+            pos, buf = pos + cut, buf[cut:]
+    return out, pos
+
+
+def tail(path: str | Path, max_bytes: int = 4 * CHUNK) -> str:
+    """The last ``max_bytes`` of a log as text: where a server that died says why, read without
+    holding a log of any size."""
+    with open(path, "rb") as fh:
+        fh.seek(0, 2)
+        fh.seek(max(0, fh.tell() - max_bytes))
+        return fh.read().decode("utf-8", errors="replace")
