@@ -71,10 +71,10 @@ def _equivalence(trials) -> str:
 def divergence_text(eqs) -> str:
     """" (2 near-ties within 0.31 nats; real differences at margins 1.2-5.0 nats, 3 beyond the
     baseline's top tokens)": what the judged divergences of some starts were (``_equivalence.judge``)."""
-    near = sum(e.get("near_ties", 0) for e in eqs)
-    divs = [d for e in eqs for d in e.get("divergences") or [] if d["verdict"] == "differs"]
     if "differs" not in eqs[0]:  # recorded before divergences were judged
         return ""
+    near = sum(e.get("near_ties", 0) for e in eqs)
+    divs = [d for e in eqs for d in e.get("divergences") or [] if d["verdict"] == "differs"]
     parts = []
     tols = [e["tolerance"] for e in eqs if e.get("tolerance") is not None]
     if tols:

@@ -374,9 +374,6 @@ class Study:
         return {"config_starts": len(samples.get(key, [])), "config_sd_log": own.sd if own.df else None,
                 "study_sd_log": pooled.sd if pooled.df else None, "study_df": pooled.df}
 
-    def baseline_outputs(self) -> dict[str, str]:
-        return self.baseline_reference()[0]
-
     def baseline_reference(self) -> tuple[dict, dict, dict, dict]:
         """What a candidate's greedy outputs are judged against (``_equivalence.baseline_reference``)."""
         return _equivalence.baseline_reference([measurement_of(t) for t in self.trials(config_key=NONE)],
