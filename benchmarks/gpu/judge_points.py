@@ -12,6 +12,7 @@ which accepts drafts unchecked: the lossy configuration the guard must block.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import sys
 from pathlib import Path
@@ -23,7 +24,10 @@ from autotune.search import _equivalence  # noqa: E402
 
 
 def _rows(path: str) -> list[dict]:
-    return [json.loads(x) for x in Path(path).read_text().splitlines() if x.strip()]
+    """JSON lines, gzipped (``.gz``: rows kept with their outputs and log-probabilities) or not."""
+    data = Path(path).read_bytes()
+    text = (gzip.decompress(data) if path.endswith(".gz") else data).decode()
+    return [json.loads(x) for x in text.splitlines() if x.strip()]
 
 
 def judge_rows(trials: list[dict], points: list[dict], near_tie="auto", label: str | None = None) -> list[dict]:
