@@ -52,8 +52,8 @@ def test_pending_coalesces_repeated_triggers():
     assert p.pop(0.1) == "chat" and p.pop(0.05) is None
 
 
-def _daemon_spec(setup, cron="0 3 * * *", grace=360):
-    setup["data"]["schedule"] = {"cron": cron, "misfire_grace_minutes": grace}
+def _daemon_spec(setup, cron="0 3 * * *", grace=360, timezone="UTC"):
+    setup["data"]["schedule"] = {"cron": cron, "misfire_grace_minutes": grace, "timezone": timezone}
     setup["data"]["space"]["methods"] = ["ngram"]
     studies = setup["dir"] / "studies"
     studies.mkdir(exist_ok=True)
@@ -79,6 +79,27 @@ def test_catch_up_runs_a_missed_night_within_the_grace(setup):
     d.load_specs()
     d.catch_up()
     assert d.pending.snapshot() == ["code"]
+
+
+def test_catch_up_on_the_fall_back_morning_comes_back_and_queues_the_night_once(setup, monkeypatch):
+    """01:30 New York happens twice on 2026-11-01: the night ran at the first; the catch-up at
+    01:45 EST sees it (not a loop, not a second night) and the log names the zone."""
+    studies = _daemon_spec(setup, cron="30 1 * * *", grace=360, timezone="America/New_York")
+    settings = Settings(studies_dir=str(studies), home=str(setup["dir"] / "home"))
+    said: list[str] = []
+    monkeypatch.setattr("autotune.ops._daemon.now", lambda: dt.datetime(2026, 11, 1, 6, 45, tzinfo=dt.timezone.utc))
+    d = Daemon(settings, echo=lambda msg, err=False: said.append(msg))
+    d.load_specs()
+    t0 = time.process_time()
+    d.catch_up()
+    assert time.process_time() - t0 < 5
+    assert d.pending.snapshot() == ["code"]
+    assert any("the run due at 2026-11-01 01:30 EDT (-0400) was missed" in m for m in said), said
+    monkeypatch.setattr("autotune.ops._daemon.last_success", lambda *a: "2026-11-01T05:40:00Z")  # ran at 01:40 EDT
+    d = Daemon(settings, echo=lambda msg, err=False: said.append(msg))
+    d.load_specs()
+    d.catch_up()
+    assert d.pending.snapshot() == []  # the repeated 01:30 EST is the same night, not another
 
 
 def _metrics(port: int) -> str:

@@ -84,7 +84,9 @@ def setting_errors(e: Exception) -> str:
 def main(verbose: int) -> None:
     """Tune vLLM speculative decoding per workload, on replayed production traffic."""
     level = logging.WARNING - 10 * min(verbose, 2)
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # the offset in every line: a log read across a DST change or from another host is unambiguous
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        datefmt="%Y-%m-%d %H:%M:%S%z")
 
 
 @main.group()

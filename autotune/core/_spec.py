@@ -590,7 +590,9 @@ def _compile(pattern: str):
 class ScheduleSpec(_Model):
     """When the daemon (`autotune daemon run`) retunes this workload, unattended."""
     cron: str = Field(default="0 2 * * *", description="crontab expression (minute hour day month weekday)")
-    timezone: str = Field(default="UTC", description="IANA time zone of `cron`")
+    timezone: str = Field(default="UTC", description="IANA time zone of `cron`; across a daylight-saving change each "
+                          "scheduled time runs once: in a repeated hour at its first occurrence, in a skipped hour "
+                          "at the change")
     misfire_grace_minutes: float = Field(default=360.0, ge=0,
                                          description="a run missed by at most this much (daemon down, GPU busy) still runs")
     enabled: bool = Field(default=True, description="false: the daemon skips this workload")

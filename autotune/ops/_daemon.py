@@ -17,10 +17,10 @@ made up if it is still within ``schedule.misfire_grace_minutes``.
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import socket
 import threading
-import time
 from pathlib import Path
 
 from autotune.core._lock import EX_TEMPFAIL, FileLock, LockDirError, LockHeld, daemon_lock_path
@@ -96,7 +96,8 @@ class Daemon:
         self.last: dict[str, int] = {}
 
     def say(self, msg: str, err: bool = False) -> None:
-        self.echo(time.strftime("%Y-%m-%d %H:%M:%S ") + msg, err=err)
+        # local time with its zone: a line read across a DST change or from another host is unambiguous
+        self.echo(dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S %Z ") + msg, err=err)
 
     # ---- setup ------------------------------------------------------------------------------
     def load_specs(self) -> None:
@@ -116,13 +117,14 @@ class Daemon:
 
         self.scheduler = BackgroundScheduler(timezone="UTC")
         for w, spec in self.specs.items():
-            self.scheduler.add_job(self.pending.add, parse_cron(spec.schedule.cron, spec.schedule.timezone),
+            self.scheduler.add_job(self.pending.add, parse_cron(spec.schedule.cron, spec.schedule.timezone).trigger(),
                                    args=[w, "cron"], id=w, name=f"nightly {w}", coalesce=True, max_instances=1,
                                    misfire_grace_time=max(1, int(spec.schedule.misfire_grace_minutes * 60)))
         self.scheduler.start()
         for job in self.scheduler.get_jobs():
-            self.say(f"scheduled {job.id}: {self.specs[job.id].schedule.cron} "
-                     f"({self.specs[job.id].schedule.timezone}), next at {job.next_run_time}")
+            sched = self.specs[job.id].schedule
+            nxt = parse_cron(sched.cron, sched.timezone).local(job.next_run_time) if job.next_run_time else "never"
+            self.say(f"scheduled {job.id}: {sched.cron} ({sched.timezone}), next at {nxt}")
 
     def catch_up(self) -> None:
         """Resume runs a killed daemon left behind; make up runs missed within the grace."""
@@ -136,12 +138,13 @@ class Daemon:
             for r in store.mark_dead_runs(host, lambda pid: owner_alive({"pid": pid})):
                 if r["workload"] in self.specs and self.pending.add(r["workload"], "resume"):
                     self.say(f"{r['workload']}: run {r['run_id']} (pid {r['pid']}) was killed mid-study; resuming it")
-            prev = previous_fire(parse_cron(spec.schedule.cron, spec.schedule.timezone))
+            schedule = parse_cron(spec.schedule.cron, spec.schedule.timezone)
+            prev = previous_fire(schedule, now())
             last = last_success(store, spec, self.settings)
             grace_s = spec.schedule.misfire_grace_minutes * 60
             if prev and (now() - prev).total_seconds() <= grace_s and (last is None or parse_iso(last) < prev):
                 if self.pending.add(w, "missed"):
-                    self.say(f"{w}: the run due at {prev:%Y-%m-%d %H:%M %Z} was missed; within the misfire grace, "
+                    self.say(f"{w}: the run due at {schedule.local(prev)} was missed; within the misfire grace, "
                              "running it now")
             if self.run_now:
                 self.pending.add(w, "--now")
