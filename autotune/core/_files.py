@@ -48,6 +48,32 @@ def dir_mode(mode: int) -> int:
     return mode | ((mode & 0o444) >> 2)
 
 
+class LinkRefused(OSError):
+    """A write whose path runs through a link inside one of autotune's folders."""
+
+
+def refuse_links(path: str | Path, root: str | Path) -> Path:
+    """Raise :class:`LinkRefused` when a component of ``path`` below ``root`` is a symbolic link.
+
+    autotune makes no links in its folders, so one there was put by someone else, and writing
+    through it would change a file outside them (a history folder linked elsewhere received the
+    next night's copies; an append through a linked checks log changed its target). ``root``
+    itself may be a link: an operator may put the recommendations folder on a shared volume.
+    """
+    root, path = Path(root), Path(path)
+    try:
+        rel = path.relative_to(root)
+    except ValueError:
+        raise LinkRefused(errno.EXDEV, f"not inside {root}: refused", str(path)) from None
+    p = root
+    for part in rel.parts:
+        p = p / part
+        if p.is_symlink():
+            raise LinkRefused(errno.ELOOP, f"a link (to {os.readlink(p)}) inside {root}: autotune writes nothing "
+                              "through a link it did not make; remove the link (the folder itself may be one)", str(p))
+    return path
+
+
 def make_dirs(d: str | Path, mode: int = PRIVATE_DIR) -> Path:
     """Create ``d`` and its missing parents, each with exactly ``mode`` whatever the umask (under
     umask 000 ``mkdir -p`` makes them 0777: anyone could plant a recommendation). Folders that
@@ -103,9 +129,11 @@ class AtomicFile:
     removes the temp file and leaves the old file as it was.
     """
 
-    def __init__(self, path: str | Path, mode: int, text: bool = True):
+    def __init__(self, path: str | Path, mode: int, text: bool = True, root: str | Path | None = None):
         self.path = Path(path)
         self.mode = mode
+        if root is not None:
+            refuse_links(self.path, root)
         make_dirs(self.path.parent, dir_mode(mode))
         fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
         self.tmp = Path(tmp)
@@ -286,9 +314,10 @@ def commit_dir(tmp: str | Path, folder: str | Path, mode: int = PRIVATE) -> Path
 
 
 def write_json(path: str | Path, data: Any, mode: int = PRIVATE, *, sort_keys: bool = False,
-               before_replace: Callable[[], Any] | None = None) -> Path:
-    """JSON (indent 2, a final newline; Paths and other objects as their str) written atomically."""
-    f = AtomicFile(path, mode)
+               before_replace: Callable[[], Any] | None = None, root: str | Path | None = None) -> Path:
+    """JSON (indent 2, a final newline; Paths and other objects as their str) written atomically;
+    with ``root``, refused through a link below it (:func:`refuse_links`)."""
+    f = AtomicFile(path, mode, root=root)
     try:
         json.dump(data, f.fh, indent=2, sort_keys=sort_keys, default=str)
         f.write("\n")
@@ -298,12 +327,16 @@ def write_json(path: str | Path, data: Any, mode: int = PRIVATE, *, sort_keys: b
     return f.commit(before_replace)
 
 
-def open_append(path: str | Path, mode: int = PRIVATE, binary: bool = False) -> IO:
+def open_append(path: str | Path, mode: int = PRIVATE, binary: bool = False,
+                root: str | Path | None = None) -> IO:
     """Open for appending (a log, a JSONL of checks), creating it with ``mode``; an existing
-    file with looser permissions is tightened to ``mode`` first."""
+    file with looser permissions is tightened to ``mode`` first. Never through a link: the file
+    itself is opened with O_NOFOLLOW, and with ``root`` no folder below it may be one."""
     path = Path(path)
+    if root is not None:
+        refuse_links(path, root)
     make_dirs(path.parent, dir_mode(mode))
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, mode)
+    fd = _open_nofollow(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, mode)
     try:
         if os.fstat(fd).st_mode & 0o777 & ~mode:
             os.fchmod(fd, mode)
@@ -313,12 +346,22 @@ def open_append(path: str | Path, mode: int = PRIVATE, binary: bool = False) -> 
         raise
 
 
+def _open_nofollow(path: Path, flags: int, mode: int) -> int:
+    try:
+        return os.open(path, flags | getattr(os, "O_NOFOLLOW", 0), mode)
+    except OSError as e:
+        if e.errno == errno.ELOOP and path.is_symlink():
+            raise LinkRefused(errno.ELOOP, f"a link (to {os.readlink(path)}): autotune writes nothing through a "
+                              "link it did not make; remove the link", str(path)) from None
+        raise
+
+
 def open_new(path: str | Path, mode: int = PRIVATE) -> IO:
     """Open for writing from scratch (binary), created or truncated with ``mode`` permissions
     even when the file existed with looser ones (a vLLM server log, reopened per start)."""
     path = Path(path)
     make_dirs(path.parent, dir_mode(mode))
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+    fd = _open_nofollow(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
     try:
         os.fchmod(fd, mode)
         return os.fdopen(fd, "wb")

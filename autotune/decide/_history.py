@@ -146,8 +146,8 @@ def write(payload: dict, recommendations_dir: str | Path, store=None, run_id: st
         if conn is not None:
             store.add_recommendation(conn, row)
         try:
-            write_atomic(hist, payload)
-            write_atomic(path, payload, before_replace=commit)
+            write_atomic(hist, payload, root=recommendations_dir)
+            write_atomic(path, payload, before_replace=commit, root=recommendations_dir)
         except BaseException:
             hist.unlink(missing_ok=True)
             if committed:  # the rename failed after the commit: the row goes too

@@ -237,13 +237,13 @@ def _warnings(spec, likely_faster: str | None = None) -> dict:
     return out
 
 
-def write_atomic(path: str | Path, payload: dict, before_replace=None) -> Path:
+def write_atomic(path: str | Path, payload: dict, before_replace=None, root: str | Path | None = None) -> Path:
     """A file SREs read (recommendation, history copy, deploy mark): ``_files.write_json`` at
     ``SHARED`` (0640). Temp file in the same folder, fsync, rename, fsync of the folder: the old
     file survives any failure. ``before_replace()`` runs after the fsync, before the rename (a
     database commit that must succeed for the new file to become current); if it raises, the old
-    file stays."""
-    return write_json(path, payload, SHARED, before_replace=before_replace)
+    file stays. With ``root`` (the recommendations folder), never through a link below it."""
+    return write_json(path, payload, SHARED, before_replace=before_replace, root=root)
 
 
 def recommendation_path(recommendations_dir: str | Path, workload: str) -> Path:

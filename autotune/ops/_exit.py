@@ -37,7 +37,8 @@ FORESEEN: tuple[tuple[type[BaseException], int], ...] = (
 )
 
 #: errnos that mean the disk or the permissions refused a write
-WRITE_REFUSED = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG})
+WRITE_REFUSED = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG,
+                           errno.ELOOP, errno.EXDEV})  # the last two: a link inside autotune's folders refused
 
 
 def exit_code(exc: BaseException, foreseen: bool = True) -> int:

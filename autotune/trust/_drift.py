@@ -298,7 +298,7 @@ def mark_deployed(recommendations_dir: str | Path, rec: dict, note: str | None =
     mark = {"workload": rec["workload"], "recommendation": rec.get("id"), "decision": rec.get("decision"),
             "speculative_config": rec.get("speculative_config"),
             "deployed_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "note": note}
-    write_json(deployed_path(recommendations_dir, rec["workload"]), mark, SHARED)
+    write_json(deployed_path(recommendations_dir, rec["workload"]), mark, SHARED, root=recommendations_dir)
     return mark
 
 
@@ -361,6 +361,6 @@ def realized_lines(res: dict) -> list[str]:
 
 def append_check(recommendations_dir: str | Path, workload: str, kind: str, result: dict) -> Path:
     p = checks_path(recommendations_dir, workload)
-    with open_append(p, SHARED) as fh:
+    with open_append(p, SHARED, root=recommendations_dir) as fh:
         fh.write(json.dumps({"kind": kind, **result}, default=str) + "\n")
     return p
