@@ -68,7 +68,9 @@ class Truth:
     cv_none: float | None = None     # no speculation's own CV (None: the same as ``cv``)
     tail: tuple | None = None        # (share of starts, slowdown): a busy host slows one start
     t_df: float | None = None        # Student t start effects with these df (heavy tails), same sd
-    carry: float = 0.0               # a start right after a speculative start runs this much faster
+    carry: float = 0.0               # a start right after a speculative start runs this much faster (-: slower)
+    carry_to: str = "any"            # which starts carry it: "any", or "speculative" only (spec after spec)
+    carry_after: str = "class"       # after any speculative start ("class"), or after the same config ("same")
     first: tuple = (0.0, 0.0)        # a config's first start on the machine this much slower (speculative, none)
     drift: float = 0.0               # TPOT change over the night's budget of starts, linear (+: slower later)
     rho: float = 0.0                 # correlation of consecutive starts' effects (AR(1) host state)
@@ -88,6 +90,11 @@ TRUTHS = {
     "none 1% / spec 20%": Truth(0.20, cv_none=0.01),
     "cv 1% + carry-over 2%": Truth(0.01, carry=0.02),
     "cv 3% + carry-over 2%": Truth(0.03, carry=0.02),
+    "cv 1% + spec after spec 2% slower": Truth(0.01, carry=-0.02, carry_to="speculative"),
+    "cv 3% + spec after spec 2% slower": Truth(0.03, carry=-0.02, carry_to="speculative"),
+    "cv 3% + spec after spec 3% faster": Truth(0.03, carry=0.03, carry_to="speculative"),
+    "cv 3% + after the same config 2% faster": Truth(0.03, carry=0.02, carry_after="same"),
+    "cv 3% + after the same config 2% slower": Truth(0.03, carry=-0.02, carry_after="same"),
     "cv 3% + first start 15% slower": Truth(0.03, first=(0.15, 0.005)),
     "cv 6% + drift 10% slower": Truth(0.06, drift=0.10),
     "cv 6% + drift 10% faster": Truth(0.06, drift=-0.10),
@@ -117,6 +124,9 @@ TARGET_RATE, TARGET_BOUND, TARGET_POWER, POWER_CV = 0.025, 0.035, 0.80, 0.06
 TARGET_COVERAGE, TARGET_BIAS, BIAS_CV, TARGET_STARTS = 0.015, 0.02, 0.09, 12.0
 #: cells whose false rate is within a point of the limit get at least this many nights
 CLOSE_NIGHTS = 2000
+#: the confirmation's order: Study.confirm's mirrored pairs, or (--order) the alternative of a start
+#: of no speculation before every speculative one
+ORDER = "mirrored"
 
 
 # ---- A/A data and the noise model -------------------------------------------------------------
@@ -252,7 +262,7 @@ class Host:
 
     def __init__(self, truth: Truth, rng: np.random.Generator, budget: int, n_req: int):
         self.truth, self.rng, self.budget, self.n_req = truth, rng, budget, n_req
-        self.n, self.prev_spec, self.state, self.seen = 0, False, 0.0, set()
+        self.n, self.prev_spec, self.prev_key, self.state, self.seen = 0, False, None, 0.0, set()
 
     def start(self, key: str, tpot: float) -> np.ndarray:
         t, rng = self.truth, self.rng
@@ -264,12 +274,13 @@ class Host:
         b = t.sd(spec) * z
         if t.tail and rng.random() < t.tail[0]:
             b += math.log(t.tail[1])
-        if t.carry and self.prev_spec:
+        after = self.prev_spec if t.carry_after == "class" else self.prev_key == key
+        if t.carry and after and (spec or t.carry_to == "any"):
             b -= math.log1p(t.carry)
         if key not in self.seen:
             b += math.log1p(t.first[0] if spec else t.first[1])
         b += math.log1p(t.drift) * self.n / max(1, self.budget - 1)
-        self.n, self.prev_spec = self.n + 1, spec
+        self.n, self.prev_spec, self.prev_key = self.n + 1, spec, key
         self.seen.add(key)
         r = rng.normal(0.0, REQUEST_SD, self.n_req)
         r -= np.median(r)
@@ -329,9 +340,12 @@ def simulate(base, scenario: str, truth: Truth, factor, rng) -> dict:
     for i in range(min(o.max_confirm_starts(), looks)):
         if i >= o.confirm_starts and not _decision.open_question(study_record(night)):
             break
-        if night.starts + len(sides) > budget:
+        order = round_order(seed, i, sides)
+        if ORDER == "baseline-between":  # the alternative weighed in docs/decisions.md: none before each speculative start
+            order = [k for s in round_order(seed, i, sides[1:]) for k in (NONE, s)]
+        if night.starts + len(order) > budget:
             break
-        for key in round_order(seed, i, sides):
+        for key in order:
             start(key, "confirm")
         night.confirmation["rounds"] = i + 1
     d = _decision.decide(study_record(night))
@@ -472,6 +486,11 @@ def main(argv=None) -> int:
     ap.add_argument("--truths", nargs="*", help="only these truths (names of TRUTHS)")
     ap.add_argument("--scenarios", nargs="*", help="only these scenarios (names of SCENARIOS)")
     ap.add_argument("--no-docs", action="store_true", help="do not touch docs/figures/decisions.md")
+    ap.add_argument("--order", choices=("mirrored", "baseline-between"), default="mirrored",
+                    help="baseline-between: a start of no speculation before every speculative confirmation start "
+                         "(not what Study.confirm does: the alternative docs/decisions.md weighs; implies --no-docs)")
+    ap.add_argument("--update", action="store_true",
+                    help="with --truths: replace those truths' rows in --out, keep the others, rewrite the docs")
     ap.add_argument("--docs-only", action="store_true",
                     help="rewrite the docs section from the results file (--out) without simulating again")
     args = ap.parse_args(argv)
@@ -480,6 +499,10 @@ def main(argv=None) -> int:
         return 0
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     logging.getLogger("optuna").setLevel(logging.WARNING)
+    global ORDER
+    ORDER = args.order
+    if ORDER != "mirrored":
+        args.no_docs, args.update = True, False
     if args.fit_only:
         rng = np.random.default_rng(args.seed)
         for p in PROFILES:
@@ -514,6 +537,15 @@ def main(argv=None) -> int:
            "scenarios": {k: {"incumbent": v[0], "candidates": v[1], "right": v[2]} for k, v in SCENARIOS.items()},
            "budgets": {g: specs for g, (_, specs) in groups.items()}, "targets": verdict["summary"],
            "wall_s": round(wall), "rows": rows}
+    if args.update and args.truths and not args.scenarios and Path(args.out).exists():
+        old = json.loads(Path(args.out).read_text())
+        if (old["nights"], old["seed"]) != (args.nights, args.seed):
+            raise SystemExit(f"--update: {args.out} was made with --nights {old['nights']} --seed {old['seed']}")
+        out["rows"] = [r for r in old["rows"] if r["truth"] not in args.truths] + rows
+        out["targets"] = targets(out["rows"])["summary"]
+        out["wall_s"] = old.get("wall_s", 0) + out["wall_s"]
+        args.truths = None
+        print("\n".join(targets(out["rows"])["lines"]))
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
     print(f"wrote {args.out}")
     if not args.no_docs and not (args.truths or args.scenarios):
@@ -611,7 +643,10 @@ of its limit), on every distinct budget of `studies/*.yaml`:
   log-normal CV 3%, 6%, 9%; one start in 20 also 1.42x slower (a busy host); Student t (3 df)
   effects; a noisy host (CV 15%, 25%); speculative starts 5-20x noisier than no speculation's
   (2% / 10%, 0.5% / 8%, 1% / 20%: the H200's and H100's figures); a start right after a
-  speculative start 2% faster (carry-over); each config's first start on the machine 15% slower
+  speculative start 2% faster (carry-over), and carry-overs of both signs that only a
+  speculative start after a speculative one carries (2% slower, 3% faster) or that depend on
+  the configuration before (a start right after one of the same configuration 2% faster or
+  slower); each config's first start on the machine 15% slower
   (0.5% for no speculation: the H100's first-start effect); drift of 10% over the night either
   way; consecutive starts correlated (AR(1), 0.5).
 - **prior**: the spec's `objective.start_noise` ({PRIOR_DF} df) at the true CV; at half, twice and

@@ -964,3 +964,25 @@ def test_a_winner_its_own_evidence_finds_likely_slower_is_never_presented_silent
     assert _payload._warnings(spec, ev["warning"])["warning"].startswith("LIKELY NOT THE FASTEST")
     (line,) = [s for s in comparison_lines(ev) if s.startswith("could not tell apart from: ")]
     assert "ngram K=8 w=2-4 (9" in line
+
+
+def test_the_simulated_host_carries_over_by_class_or_by_configuration():
+    """The decision benchmark's carry-over shapes: a start after a speculative one (any start, or
+    speculative starts only), or after a start of the same configuration; either sign."""
+    import numpy as np
+    from _bench import benchmark
+
+    bench = benchmark("decisions.py", "decisions_bench")
+    rng = np.random.default_rng(0)
+
+    def medians(truth, keys):
+        host = bench.Host(truth, rng, budget=len(keys), n_req=32)
+        return [float(np.median(host.start(k, 1.0))) / 20.0 for k in keys]
+
+    quiet = dict(cv=1e-9)
+    a, b, c = medians(bench.Truth(**quiet, carry=-0.02, carry_to="speculative"), ["s1", "s2", bench.NONE])
+    assert a == pytest.approx(1.0, rel=1e-5) and b == pytest.approx(1 / 0.98, rel=1e-5) and c == pytest.approx(1.0, rel=1e-5)
+    a, b, c = medians(bench.Truth(**quiet, carry=0.02), ["s1", bench.NONE, "s2"])
+    assert b == pytest.approx(1 / 1.02, rel=1e-5) and c == pytest.approx(1.0, rel=1e-5)  # after none: nothing
+    a, b, c = medians(bench.Truth(**quiet, carry=0.02, carry_after="same"), ["s1", "s1", "s2"])
+    assert b == pytest.approx(1 / 1.02, rel=1e-5) and c == pytest.approx(1.0, rel=1e-5)
