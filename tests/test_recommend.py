@@ -960,10 +960,22 @@ def test_a_winner_its_own_evidence_finds_likely_slower_is_never_presented_silent
     assert x["label"] == "ngram K=8 w=2-4" and x["chance_faster"] > 0.9 and x["starts"] == 1
     assert "against the winner's confirmation starts" in x["basis"]
     assert "WARNING: ngram K=8 w=2-4 is likely faster" in d.reason
-    assert "more likely faster than the winner suffix K=8" in ev["warning"]
+    assert "likely faster than the winner suffix K=8" in ev["warning"]
+    assert x["chance_faster_beyond_resolution"] >= 0.8 and "by more than the night's" in ev["warning"]
     assert _payload._warnings(spec, ev["warning"])["warning"].startswith("LIKELY NOT THE FASTEST")
     (line,) = [s for s in comparison_lines(ev) if s.startswith("could not tell apart from: ")]
     assert "ngram K=8 w=2-4 (9" in line
+
+    # measured 1% faster, at the night's 4% noise: more likely faster than not, but within the
+    # night's resolution: indistinguishable, no warning (a coin flip is no alarm)
+    trials[-1] = _trial(ngram8, _tpot(1.405), throughput=290.0, guards=spec.guards)
+    m = trials[-1].user_attrs["measurement"]
+    c = statistics.median(m["tpot_ms"])
+    m["tpot_ms"] = [c + (v - c) * 0.05 for v in m["tpot_ms"]]
+    d = decide(study_record(FakeStudy(spec, trials)))
+    (x,) = d.evidence["indistinguishable"]
+    assert x["chance_faster"] > 0.5 and x["chance_faster_beyond_resolution"] < 0.8, x
+    assert "likely_faster" not in d.evidence and "warning" not in d.evidence and "WARNING" not in d.reason
 
 
 def test_the_simulated_host_carries_over_by_class_or_by_configuration():

@@ -100,7 +100,7 @@ def decide(study: StudyRecord, history: list[dict] | None = None) -> Decision:
     likely = d.evidence.get("likely_faster")
     if likely:
         d.evidence["warning"] = likely_faster_warning(d.evidence.get("winner", {}).get("config"), likely)
-        d.reason += ("; WARNING: " + ", ".join(f"{x['label']} is likely faster ({x['chance_faster']:.0%})" for x in likely)
+        d.reason += ("; WARNING: " + ", ".join(f"{x['label']} is likely faster ({_beyond_text(x)})" for x in likely)
                      + " (evidence.likely_faster)")
     rs = study.replay_set
     prov = replay_provenance(rs.path) if rs is not None else {}
@@ -118,14 +118,20 @@ def decide(study: StudyRecord, history: list[dict] | None = None) -> Decision:
                     study.spec.incumbent if incumbent_key != NONE else None, d.evidence)
 
 
+def _beyond_text(x: dict) -> str:
+    res = x.get("resolution")
+    return (f"{x['chance_faster_beyond_resolution']:.0%} by more than the night's "
+            f"{res:.1%} start-to-start noise" if res else f"{x['chance_faster_beyond_resolution']:.0%}")
+
+
 def likely_faster_warning(winner: dict | None, likely: list[dict]) -> str:
-    """What the recommendation says when its own evidence finds a measured configuration more
-    likely faster than the winner than not (``evidence.likely_faster``)."""
-    names = ", ".join(f"{x['label']} ({x['chance_faster']:.0%}, {x['basis']})" for x in likely)
-    return (f"the study's own starts say {names} "
-            f"{'is' if len(likely) == 1 else 'are'} more likely faster than the winner {fmt_config(winner)} than not: "
-            "the study could not tell them apart; to settle it, measure both again (a study's runoff, "
-            "objective.runoff_contenders, does so before the confirmation for what the search's noise flags)")
+    """What the recommendation says when its own evidence finds a measured configuration likely
+    faster than the winner by more than the night's resolution (``evidence.likely_faster``)."""
+    names = ", ".join(f"{x['label']} ({_beyond_text(x)}; {x['basis']})" for x in likely)
+    return (f"the study's own starts say {names}: "
+            f"{'it is' if len(likely) == 1 else 'they are'} likely faster than the winner {fmt_config(winner)}; "
+            "to settle it, measure both again (a study's runoff, objective.runoff_contenders, does so before "
+            "the confirmation for what the search's noise flags)")
 
 
 def damp(d: Decision, study: StudyRecord, previous: dict | None, now: dt.datetime | None = None) -> Decision:
@@ -279,7 +285,7 @@ def _decide(study: StudyRecord, history: list[dict] | None = None) -> Decision:
     evidence["winner"]["config"] = cfg
     evidence["contenders"] = contenders(c, key)
     evidence["indistinguishable"] = indistinguishable(study, c, key)
-    likely = [x for x in evidence["indistinguishable"] if x["chance_faster"] > LIKELY_FASTER]
+    likely = [x for x in evidence["indistinguishable"] if x["chance_faster_beyond_resolution"] >= LIKELY_FASTER]
     if likely:
         evidence["likely_faster"] = likely
     short = drafts_short(wtrials)
