@@ -1,0 +1,55 @@
+"""The generated grids that judge the search (``benchmarks/grid_gen.py``): drawn from a seed, the
+same grids each time; their best K lies anywhere in 1..K_max or at no speculation, not where the
+search's opening lands; the truth is the generating TPOT; the scoring runs the study's search,
+random order and TPE on the same grids."""
+
+from __future__ import annotations
+
+import math
+
+from _bench import benchmark
+
+gen = benchmark("grid_gen.py", "grid_gen_bench")
+
+
+def test_grids_are_drawn_from_their_seed():
+    a, b = gen.generate(8, seed=3), gen.generate(8, seed=3)
+    assert [g.truth for g in a] == [g.truth for g in b]
+    assert [g.truth for g in gen.generate(8, seed=4)] != [g.truth for g in a]
+    assert {g.name.split("/")[1] for g in a} == set(gen.FAMILIES)
+
+
+def test_the_best_k_is_anywhere_and_the_truth_is_the_model():
+    grids = gen.generate(120, seed=0)
+    ks = [gen.best_k(g) for g in grids]
+    assert 0 in ks and len(set(ks)) >= 8, sorted(set(ks))  # none and most of 1..10
+    inside = sum(0 < k < gen.K_MAX for k in ks) / len(ks)
+    assert inside > 0.5  # mostly strictly inside the range: neither the opening's K_max nor none
+    g = grids[0]
+    rates = g.starts[g.best_key][0].delta["per_position_rates"] if gen.best_k(g) else None
+    assert rates is None or all(0 <= r <= 1 for r in rates)
+    # the truth is what generated the starts: each configuration's starts scatter around it
+    for key, obs in g.starts.items():
+        vals = [o.levels[gen.LEVEL].value for o in obs]
+        assert min(vals) < g.truth[key] * 1.6 and max(vals) > g.truth[key] / 1.6
+    assert all(math.isfinite(v) and v > 0 for v in g.truth.values())
+
+
+def test_acceptance_shapes():
+    import random
+
+    rng = random.Random(0)
+    for fam in gen.FAMILIES:
+        r = gen.acceptance(fam, rng)
+        assert len(r) == gen.K_MAX and all(a >= b for a, b in zip(r, r[1:])) and 0 < r[0] <= 1
+    knee = gen.acceptance("knee", random.Random(1))
+    drops = [b / a for a, b in zip(knee, knee[1:])]
+    assert max(drops) > 0.8 and min(drops) < 0.55  # accepted on a run, then mostly not
+
+
+def test_scoring_runs_every_strategy_on_the_same_grid():
+    g = gen.generate(1, seed=1)[0]
+    s = gen.score(g, seeds=2, budget=6)
+    assert set(s) == {"ours", "random", "tpe"}
+    for d in s.values():
+        assert 0 <= d["within_3pct"] <= 1 and d["regret_mean"] >= 0 and 1 <= d["starts"] <= 6 + 2
