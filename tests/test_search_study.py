@@ -72,7 +72,10 @@ def fake_measure(w: Workload, seed=0, weights=None):
                            wall_seconds=2.0, summary={"failed": 0, "n": 24 * len(w.levels),
                                                       "output_throughput_tok_s": 4000.0 / (sum(pooled) / len(pooled))},
                            spec_delta=delta, tpot_ms=pooled, client_tpot_ms=pooled, tpot_source="server",
-                           outputs=outs, tags=[None] * len(pooled), levels=levels)
+                           outputs=outs, tags=[None] * len(pooled), levels=levels,
+                           timeline={"to_healthy": 1.0, "stop": 0.5, "total": 9.0, "settle": 0.5, "measure": 6.0,
+                                     "outputs": 1.0, "engine": {"phases": {"launch": 0.5, "compile": 0.5},
+                                                                "compile_cache": "miss", "reported": {}}})
 
     measure.calls = calls
     return measure
@@ -212,6 +215,10 @@ def test_report_from_the_study(tmp_path, monkeypatch):
     md = paths["markdown"].read_text()
     assert "![" in md and "Band schedule" in md and "took effect: True" in md
     assert "between its 2 starts" in md  # the confirmation's repeats: each trial's noise column
+    starts = sum(t.user_attrs.get("server_starts", 0) for t in st.trials)
+    assert "## Where the time went" in md
+    assert f"The night: {9 * starts / 60:.1f} min in all, 11% of it starting servers, 67% measuring" in md
+    assert "| 0.5 (miss) |" in md
 
     # the command line: the workload's latest study from the spec's storage
     res = CliRunner().invoke(main, ["report", "syn", "--spec", str(tmp_path / "syn.yaml"), "--out",

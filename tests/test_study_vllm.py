@@ -67,6 +67,21 @@ def test_code_study_recommends_speculation(make_spec, tmp_path):
     assert "async_scheduling_off" in notes["not_in_baseline"] and "ngram" in notes["config"]["async_scheduling_off"]["note"]
     assert "eager" in notes["baseline"] and "eager" not in notes["not_in_baseline"]
     assert "engine: async scheduling disabled" in proc.stdout
+    # where each start's time went: vLLM's own start-up phases add up to its time to healthy
+    for t in (t for t in ts if t.user_attrs.get("server_starts")):
+        tl = t.user_attrs["measurement"]["timeline"]
+        phases = tl["engine"]["phases"]
+        assert {"launch", "weights", "api_server", "health"} <= set(phases), phases
+        assert sum(phases.values()) == pytest.approx(tl["to_healthy"], abs=0.05)
+        assert tl["to_healthy"] == pytest.approx(t.user_attrs["measurement"]["start_seconds"], abs=0.01)
+        parts = [tl[k] for k in ("to_healthy", "settle", "measure", "outputs", "stop")]
+        assert tl["measure"] > 0 and min(parts) >= 0 and tl["total"] >= sum(parts) - 0.05, tl  # each rounded
+        assert tl["total"] <= t.user_attrs["start_s"]
+    env = {**os.environ, "AUTOTUNE__HOME": str(tmp_path / "home"), "AUTOTUNE__STUDIES_DIR": str(spec.parent)}
+    show = subprocess.run([sys.executable, "-m", "autotune", "study", "show", "code", "--storage",
+                           f"sqlite:///{tmp_path / 'study.db'}"], capture_output=True, text=True, env=env, timeout=120)
+    assert show.returncode == 0, show.stderr
+    assert show.stdout.count("    time: start ") == 2 * starts and "where the time went: " in show.stdout
 
     # rerun on the same inputs resumes the study: searched and decided, no new server start
     again = run_cli(spec, tmp_path)
@@ -133,6 +148,8 @@ def test_config_vllm_rejects_is_a_failed_trial_and_the_study_goes_on(make_spec, 
     assert len(failed) == 1 and failed[0].user_attrs["config"]["method"] == "suffix"
     assert "min_token_prob" in failed[0].user_attrs["error"]
     assert Path(failed[0].user_attrs["log_path"]).exists()
+    timeline = failed[0].user_attrs["timeline"]  # never healthy: no start-up phases, its whole length kept
+    assert "to_healthy" not in timeline and timeline["total"] > 0
     after = [t for t in ts if t.number > failed[0].number and t.state.name == "COMPLETE"]
     assert after and after[0].user_attrs["config"]["method"] == "ngram"
     assert "min_token_prob" in proc.stdout

@@ -27,6 +27,7 @@ from autotune.cli._common import (EXIT_ENGINE, EXIT_INPUT, EXIT_INTERRUPTED, fai
                                   storage_options, study_summaries)
 from autotune.core._settings import get_settings
 from autotune.core._store import safe_url
+from autotune.engines import _startup
 from autotune.cli._common import STUDY_NAME, WORKLOAD, hand_edited, quiet_optuna, run_and_exit, run_storage
 
 
@@ -187,9 +188,11 @@ def study_show(workload, storage, study_name, as_json) -> None:
                        "acceptance_length": t.counters.get("acceptance_length"),
                        "output_throughput_tok_s": t.summary.get("output_throughput_tok_s"),
                        "start_seconds": m.get("start_seconds"), "noise": noise_text(t.noise_attrs()) or None,
-                       "error": t.error})
+                       "error": t.error, "timeline": dict(t.timeline) or None})
+    spent = _startup.night([t["timeline"] for t in trials if t["timeline"]])
     if as_json:
-        click.echo(json.dumps({"study": names[-1], "storage": safe_url(url), "trials": trials}, indent=2))
+        click.echo(json.dumps({"study": names[-1], "storage": safe_url(url), "trials": trials,
+                               "seconds_by_phase": spent}, indent=2))
         return
     click.echo(f"study {names[-1]} ({safe_url(url)})")
     nan = float("nan")
@@ -202,6 +205,10 @@ def study_show(workload, storage, study_name, as_json) -> None:
                    f"start {start if start is not None else nan:5.1f}s"
                    + (f"  noise: {t['noise']}" if t["noise"] else "")
                    + (f"  error: {t['error'][:100]}" if t["error"] else ""))
+        if t["timeline"]:
+            click.echo(f"    time: {_startup.text(t['timeline'])}")
+    if spent:
+        click.echo(f"where the time went: {_startup.night_text(spent)}")
 
 
 @main.group()

@@ -162,6 +162,8 @@ class VllmServer:
     stop_timeout_s: float = 30.0
     proc: subprocess.Popen | None = None
     start_seconds: float | None = None
+    launched_at: float | None = None
+    """epoch seconds at the spawn: the server log's timestamps are wall-clock (``_startup``)."""
     pid_dir: Path | None = None
     """Where to leave a pidfile while the server runs, so a restart can kill it if we die (_recovery)."""
     pidfile: Path | None = None
@@ -181,6 +183,7 @@ class VllmServer:
         token = uuid.uuid4().hex
         env = {**os.environ, **self.env, _recovery.TOKEN_ENV: token}
         t0 = time.monotonic()
+        self.launched_at = time.time()
         with open_new(self.log_path, PRIVATE) as fh:
             fh.write(("$ " + " ".join(self.argv) + "\n").encode())
             fh.flush()

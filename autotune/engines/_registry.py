@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from autotune.engines import _engine, _invariance, _llamacpp, _probe, _serverlog
+from autotune.engines import _engine, _invariance, _llamacpp, _probe, _serverlog, _startup
 from autotune.engines._probe import Capabilities
 
 
@@ -49,6 +49,8 @@ class Engine:
     logprobs: bool = False
     """whether its OpenAI endpoints return top log-probabilities per generated token: the baseline's
     greedy replays then ask for them, for the equivalence guard's near-tie margins"""
+    start_milestones: tuple | None = None
+    """the log lines that end each start-up phase (``_startup.VLLM``); None: the start is one phase"""
     equivalence_body: dict | None = None
     """request fields the equivalence replays add (llama.cpp: no prompt cache, since a replayed
     prompt would reuse KV computed in another batch)"""
@@ -70,7 +72,8 @@ def _vllm_tpot(server_metrics: dict | None) -> float | None:
 VLLM = Engine(kind="vllm", name="vLLM", server="vllm serve", probe=_vllm_probe, build_argv=_engine.build_argv,
               error_line=_engine.error_line, log_patterns=_serverlog.PATTERNS, request_tpot_ms=_vllm_tpot,
               deploy_fields=lambda config: {}, server_env=_engine.compile_cache_env,
-              batch_invariant=_invariance.batch_invariant, invariant_how=_invariance.HOW, logprobs=True)
+              batch_invariant=_invariance.batch_invariant, invariant_how=_invariance.HOW, logprobs=True,
+              start_milestones=_startup.VLLM)
 LLAMACPP = Engine(kind=_llamacpp.KIND, name="llama.cpp", server=_llamacpp.SERVER,
                   probe=lambda command, python, env, cache_dir: _llamacpp.probe(command, env),
                   build_argv=_llamacpp.build_argv, error_line=_llamacpp.error_line,

@@ -18,6 +18,7 @@ import math
 from pathlib import Path
 
 from autotune.core._files import SHARED, SHARED_DIR, make_dirs, write_text
+from autotune.engines import _startup
 from autotune.search import _bands, _observations
 from autotune.search._record import StudyRecord
 from autotune.search._space import canonical, label
@@ -346,6 +347,7 @@ def _blocks(study_name, workload, trials, predictor, rec, pred_rows, bands_info,
     b.append(("table", ["#", "role", "config", "state", "TPOT ms", "predicted ms", "AL", "noise", "error"], rows))
     if figs.get("trials"):
         b.append(("img", figs["trials"].name, "Trials over time"))
+    b += _time_blocks(trials)
     b.append(("h", "TPOT vs K", 2))
     if figs.get("tpot_vs_k"):
         b.append(("img", figs["tpot_vs_k"].name, "Measured TPOT per method and K; lines: the predictor's last "
@@ -380,6 +382,33 @@ def _blocks(study_name, workload, trials, predictor, rec, pred_rows, bands_info,
         b.append(("p", "No band schedule was measured (see `space.bands` and `replay.mode: profile`)."
                        + _per_level_best((predictor or {}).get("table") or [])))
     return b
+
+
+def _time_blocks(trials) -> list[tuple]:
+    """Where each start's seconds went (``_startup``): the engine's start-up phases from its log,
+    then autotune's settle, measure, outputs and stop; the night's sums under it."""
+    timed = [t for t in trials if t.timeline]
+    if not timed:
+        return []
+    order = list(_startup.LABELS)
+    cols = [k for k in order if any(k in ((t.timeline.get("engine") or {}).get("phases") or {})
+                                    or t.timeline.get(k) is not None for t in timed)]
+    rows = []
+    for t in timed:
+        tl = t.timeline
+        phases = (tl.get("engine") or {}).get("phases") or {}
+        cache = (tl.get("engine") or {}).get("compile_cache")
+        cell = {**phases, **{k: tl[k] for k in ("settle", "measure", "outputs", "stop") if tl.get(k) is not None}}
+        rows.append([str(t.number), label(t.config)]
+                    + [(f"{cell[k]:.1f}" + (f" ({cache})" if k == "compile" and cache else "")) if k in cell else "-"
+                       for k in cols]
+                    + [f"{tl['total']:.0f}" if tl.get("total") is not None else "-"])
+    spent = _startup.night([t.timeline for t in timed])
+    return [("h", "Where the time went", 2),
+            ("p", "Seconds of each server start, from the engine's own log (start-up phases end at the line "
+                  "that reports them; whole seconds) and autotune's clock (settle, measure, outputs, stop). "
+                  f"The night: {_startup.night_text(spent)}."),
+            ("table", ["#", "config"] + [_startup.LABELS[k] for k in cols] + ["total s"], rows)]
 
 
 def _per_level_best(table: list[dict]) -> str:

@@ -596,6 +596,8 @@ class Study:
                         **({"caps": self.caps} if not self.invariant else {}))
         except TrialFailed as e:
             trial.set_user_attr("error", e.reason)
+            if e.timeline:
+                trial.set_user_attr("timeline", e.timeline)
             raise
         except KeyboardInterrupt as e:
             # measure() has stopped the server on its way out; say why the trial failed

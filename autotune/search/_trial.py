@@ -20,7 +20,7 @@ from pathlib import Path
 from autotune.core import _measure
 from autotune.core._spec import StudySpec
 from autotune.core._settings import get_settings
-from autotune.engines import _affinity, _metrics, _registry, _serverlog
+from autotune.engines import _affinity, _metrics, _registry, _serverlog, _startup
 from autotune.engines._engine import ServerStartError, VllmServer, free_port
 from autotune.replay import _logprobs, _replay
 from autotune.replay._profile import ProfileRun
@@ -67,6 +67,9 @@ class Measurement:
     tpot_mixed: dict[str, int] = field(default_factory=dict)
     """set when some requests had the engine's TPOT and others only the client's: the counts of
     each (``tpot_ms`` then keeps the engine's only; ``tpot_source`` is ``mixed``)."""
+    timeline: dict = field(default_factory=dict)
+    """where the start's seconds went (``timeline``): the engine's start-up phases, then settle,
+    measure, outputs (the equivalence replays) and stop."""
 
     def to_attrs(self) -> dict:
         return asdict(self)
@@ -75,11 +78,14 @@ class Measurement:
 class TrialFailed(RuntimeError):
     """A trial that produced no measurement; ``reason`` is what the study records."""
 
-    def __init__(self, reason: str, log_path: str | None = None, start_seconds: float | None = None):
+    def __init__(self, reason: str, log_path: str | None = None, start_seconds: float | None = None,
+                 timeline: dict | None = None):
         super().__init__(reason)
         self.reason = reason
         self.log_path = log_path
         self.start_seconds = start_seconds
+        self.timeline = timeline
+        """where the start's time went, as far as it got (``timeline``)"""
 
 
 def digest(text: str) -> str:
@@ -155,6 +161,7 @@ def measure(spec: StudySpec, config: dict | None, requests: list[ReplayRequest],
                         start_timeout_s=spec.engine.start_timeout_s, stop_timeout_s=spec.engine.stop_timeout_s,
                         pid_dir=pid_dir, cpus=server_cpus, **engine.server_kwargs())
     t0 = time.monotonic()
+    tl: dict = {}  # filled as the start goes; a failure carries what it reached
     own_cpus = os.sched_getaffinity(0) if client_cpus else None  # given back after the start
     try:
         _affinity.pin_current_thread(client_cpus)
@@ -163,23 +170,33 @@ def measure(spec: StudySpec, config: dict | None, requests: list[ReplayRequest],
         try:
             server.start()
         except ServerStartError as e:
-            raise TrialFailed(e.reason, str(e.log_path)) from None
+            raise TrialFailed(e.reason, str(e.log_path), timeline=tl) from None
         model = spec.served_model_name or spec.model
         try:
+            t = time.monotonic()
             run, before, after, settled = asyncio.run(
                 _replay_with_scrape(server.base_url, model, requests, warmup, spec, log_path, reserve, windows))
+            tl["settle"] = round(settled.get("seconds", 0.0), 2)
+            tl["measure"] = round(time.monotonic() - t - tl["settle"], 2)
+            t = time.monotonic()
             eq_run, eq_again = asyncio.run(_equivalence_replays(
                 server.base_url, model, equivalence, spec, invariant, engine.logprobs, baseline=config is None))
+            tl["outputs"] = round(time.monotonic() - t, 2)
         except Exception as e:  # a dead server surfaces here as a refused /metrics scrape
             died = server.death(grace_s=5.0)
             reason = (f"{engine.server} died during the replay ({died})" if died
                       else f"the replay failed: {type(e).__name__}: {e}")
-            raise TrialFailed(reason, str(log_path), server.start_seconds) from None
+            raise TrialFailed(reason, str(log_path), server.start_seconds, tl) from None
         died = server.death() if server.proc is not None else "not running"
         if died:
-            raise TrialFailed(f"{engine.server} died during the replay ({died})", str(log_path), server.start_seconds)
+            raise TrialFailed(f"{engine.server} died during the replay ({died})", str(log_path),
+                              server.start_seconds, tl)
     finally:
+        launched, healthy = server.launched_at, server.start_seconds
+        t = time.monotonic()
         server.stop()
+        tl.update(timeline(log_path, launched, healthy, time.monotonic() - t, time.monotonic() - t0,
+                           engine.start_milestones))
         if own_cpus:
             os.sched_setaffinity(0, own_cpus)
         if on_server:
@@ -187,7 +204,7 @@ def measure(spec: StudySpec, config: dict | None, requests: list[ReplayRequest],
     d = _metrics.delta(before, after)
     bad = _metrics.nonsense(d)  # a profile level's own scrapes are checked as they are taken (_bands)
     if bad:
-        raise TrialFailed(f"{engine.name}'s /metrics cannot be true: {bad}", str(log_path), server.start_seconds)
+        raise TrialFailed(f"{engine.name}'s /metrics cannot be true: {bad}", str(log_path), server.start_seconds, tl)
     ok = run.ok()
     failed = run.failed()
     greedy = [r for r in ok if invariant and _is_greedy([*warmup, *requests], r.id)]
@@ -225,7 +242,7 @@ def measure(spec: StudySpec, config: dict | None, requests: list[ReplayRequest],
     if per_window:
         summary["windows"] = per_window
     late = _settle.compiled_after(settled, log_path)
-    summary["settle"] = {**{k: v for k, v in settled.items() if k != "offset"}, "compiled_after": late}
+    summary["settle"] = {**{k: v for k, v in settled.items() if k not in ("offset", "seconds")}, "compiled_after": late}
     if engine.kind == "vllm":  # rows measured before per-config caches may hold another K's n-gram kernel
         summary["compile_cache"] = settings.vllm_compile_cache
     if server_cpus or client_cpus:  # which cores the start ran on, so rows of pinned and free starts stay apart
@@ -247,8 +264,20 @@ def measure(spec: StudySpec, config: dict | None, requests: list[ReplayRequest],
         tpot_source=source, tpot_mixed=mixed,
         outputs=outputs, texts=texts, token_ids=token_ids, logprobs=refs, engine_noise=noise,
         tags=[t for _, t in timed], errors=[f"{r.id}: {r.error}" for r in failed][:20],
-        levels=levels, engine_notes=_serverlog.scan(log_path, patterns=engine.log_patterns),
+        levels=levels, engine_notes=_serverlog.scan(log_path, patterns=engine.log_patterns), timeline=tl,
     )
+
+
+def timeline(log_path: Path, launched_at: float | None, healthy_s: float | None, stop_s: float, total_s: float,
+             milestones) -> dict:
+    """The start's time besides settle, measure and outputs: to a healthy server (the engine's
+    phases from its log, ``_startup.breakdown``), the stop, the whole. A start that never became
+    healthy has no phases: its log's error line says why."""
+    out: dict = {"stop": round(stop_s, 2), "total": round(total_s, 2)}
+    if launched_at is not None and healthy_s is not None:
+        out["to_healthy"] = round(healthy_s, 2)
+        out["engine"] = _startup.breakdown(log_path, launched_at, healthy_s, milestones)
+    return out
 
 
 def drafted_short(config: dict | None, d: _metrics.SpecDelta) -> dict | None:
@@ -428,8 +457,10 @@ async def _replay_with_scrape(base_url, model, requests, warmup, spec, log_path=
 
     mode = spec.replay.mode
     levels = spec.replay.levels if mode == "profile" else [spec.replay.concurrency]
+    t = time.monotonic()
     settled = await _settle.settle(base_url, model, warmup, levels, log_path, spec.replay.settle_rounds,
                                    spec.replay.timeout_s)
+    settled["seconds"] = time.monotonic() - t
     async with httpx.AsyncClient(trust_env=False, timeout=30) as client:
         if mode == "open":
             before = await _metrics.scrape(client, base_url)

@@ -37,7 +37,8 @@ def main(argv=None) -> int:
                        "config_key": ua.get("config_key"), "config": ua.get("config"), "role": ua.get("role"),
                        "error": ua.get("error"), **({"protocol": "window-filled"} if filled else {}),
                        "start_seconds": m.get("start_seconds"),
-                       "wall_seconds": m.get("wall_seconds"), "tpot_source": m.get("tpot_source"),
+                       "wall_seconds": m.get("wall_seconds"), "timeline": m.get("timeline") or ua.get("timeline"),
+                       "tpot_source": m.get("tpot_source"),
                        "levels": m.get("levels"), "summary": m.get("summary"), "spec_delta": m.get("spec_delta"),
                        "argv": m.get("argv"), "log_path": m.get("log_path"),
                        # the greedy outputs the equivalence guard judged (judge_points.py reads the baseline's)

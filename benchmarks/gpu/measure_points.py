@@ -233,6 +233,7 @@ def _main(argv=None) -> int:
                         windows=more, **({"equivalence": equivalence, "caps": caps} if args.equivalence else {}))
             row.update(ok=True, tpot=_measure.summarize(m.tpot_ms, spec.objective.statistic) if m.tpot_ms else None,
                        tpot_source=m.tpot_source, start_seconds=m.start_seconds, wall_seconds=m.wall_seconds,
+                       timeline=m.timeline,
                        levels=m.levels, summary=m.summary, spec_delta=m.spec_delta, argv=m.argv,
                        **({"outputs": m.outputs, "texts": m.texts, "token_ids": m.token_ids, "logprobs": m.logprobs,
                            "engine_noise": m.engine_noise} if args.equivalence else {}))

@@ -27,6 +27,8 @@ if [ -f $R/results/points.jsonl ] && grep -q '"outputs"' $R/results/points.jsonl
   python3 benchmarks/gpu/judge_points.py --trials $R/results/trials.jsonl --points $R/results/points.jsonl \
     --json $R/results/verdicts.json | tee -a $R/results/round.log
 fi
+# where the study's time went, as an operator reads it (`study show`: each start's phases, the night's sums)
+AUTOTUNE__STUDIES_DIR=benchmarks/gpu AUTOTUNE__HOME=$R/home python3 -m autotune study show $W > $R/results/study-show.txt 2>&1
 [ -f $R/recommendations/$W.json ] || { echo "study-then-order: no recommendation yet"; exit 0; }
 order=$(python3 benchmarks/gpu/order_after_study.py --rec $R/recommendations/$W.json \
   --trials $R/results/trials.jsonl --points $R/results/points.jsonl --label after-study)
