@@ -21,6 +21,8 @@ class _Refused:
     def __init__(self, argv, **kw):
         type(self).envs.append(dict(kw.get("env") or {}))
 
+    launched_at = start_seconds = None  # never started
+
     def start(self):
         raise ServerStartError("not started in this test", None)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
+import time
 from pathlib import Path
 
 import pytest
@@ -351,6 +352,7 @@ def _mock_vllm(monkeypatch, m):
     class Server:  # the vLLM lifecycle is test_engine's; here the mock is already up
         def __init__(self, **_):
             self.start_seconds, self.proc, self.base_url = 0.1, object(), m.base_url
+            self.launched_at = time.time()
 
         def start(self):
             return self

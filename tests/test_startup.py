@@ -97,6 +97,13 @@ def test_missing_milestones_fold_into_the_next_phase(tmp_path):
     assert b["compile_cache"] is None and b["reported"]["weights_s"] == pytest.approx(0.16)
 
 
+def test_model_runner_v2_wording(tmp_path):
+    # no speculation on vLLM 0.25 runs the V2 model runner, which says "Loading model from scratch"
+    log = CPU_LOG.replace("[cpu_model_runner.py:68] Starting to load model m...", "[model_runner.py:281] Loading model from scratch...")
+    p = _startup.breakdown(write(tmp_path, log), LAUNCH.timestamp(), 28.0)["phases"]
+    assert p["engine_setup"] == 15 and p["weights"] == 1
+
+
 def test_a_log_clock_behind_or_past_the_healthy_time_is_clamped(tmp_path):
     # a milestone stamped before the previous one (or the log's whole seconds against ours) is a
     # zero-length phase, and nothing runs past the measured time to healthy

@@ -109,6 +109,8 @@ class _Refused:
     def __init__(self, argv, **kw):
         type(self).seen.append(list(argv))
 
+    launched_at = start_seconds = None  # never started
+
     def start(self):
         raise ServerStartError("not started in this test", None)
 

@@ -41,7 +41,7 @@ def _m(phase: str, pattern: str, last: bool = False) -> Milestone:
 
 VLLM: tuple[Milestone, ...] = (
     _m("launch", r"non-default args:|Initializing a V1 LLM engine"),
-    _m("engine_setup", r"Starting to load model"),
+    _m("engine_setup", r"Starting to load model|Loading model from scratch"),
     _m("weights", r"Model loading took|Loading weights took|Loading drafter model", last=True),
     _m("compile", r"torch\.compile took|Directly load the compiled graph|Directly load AOT compilation", last=True),
     _m("kv_cache", r"Available KV cache memory|KV cache size:|Memory profiling takes", last=True),
