@@ -59,6 +59,21 @@ line's start, and a regex on a line of megabytes (a blob vLLM logs at debug leve
 hours where it backtracks."""
 
 
+def line_starts(path: str | Path, max_bytes: int):
+    """The first ``LINE_CAP`` characters of each line of the log, reading a line of any length a
+    piece at a time and at most ``max_bytes`` in all: what autotune looks for sits at a line's
+    start. Raises ``OSError`` where the log cannot be read."""
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        read, at_start = 0, True
+        for piece in iter(lambda: fh.readline(LINE_CAP), ""):
+            read += len(piece)
+            starts, at_start = at_start, piece.endswith("\n")
+            if starts:
+                yield piece
+            if read >= max_bytes:
+                return
+
+
 def scan(path: str | Path, max_bytes: int = 32 << 20, patterns: dict[str, Pattern] | None = None) -> dict[str, dict]:
     """``{id: {"note", "line"}}`` for each pattern found in the log (first occurrence; vLLM's API
     server and engine processes often log the same warning twice). Reads line by line, at most
@@ -67,18 +82,14 @@ def scan(path: str | Path, max_bytes: int = 32 << 20, patterns: dict[str, Patter
     patterns = PATTERNS if patterns is None else patterns
     found: dict[str, dict] = {}
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            read, at_start = 0, True
-            for line in iter(lambda: fh.readline(LINE_CAP), ""):  # a line of any length, a piece at a time
-                read += len(line)
-                starts, at_start = at_start, line.endswith("\n")
-                for name, p in patterns.items() if starts else ():  # a line's first LINE_CAP characters
-                    m = None if name in found else p.regex.search(line)
-                    if m:
-                        found[name] = {"note": p.note.format(**{k: v.strip() for k, v in m.groupdict().items()}),
-                                       "line": line.strip()[-300:]}
-                if read >= max_bytes or len(found) == len(patterns):
-                    break
+        for line in line_starts(path, max_bytes):
+            for name, p in patterns.items():
+                m = None if name in found else p.regex.search(line)
+                if m:
+                    found[name] = {"note": p.note.format(**{k: v.strip() for k, v in m.groupdict().items()}),
+                                   "line": line.strip()[-300:]}
+            if len(found) == len(patterns):
+                break
     except OSError:
         return {}
     return found

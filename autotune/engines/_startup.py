@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from autotune.engines._serverlog import LINE_CAP
+from autotune.engines._serverlog import line_starts
 
 
 @dataclass(frozen=True)
@@ -53,8 +53,7 @@ VLLM: tuple[Milestone, ...] = (
 line, so ``launch`` is Python's and vLLM's imports before it logs anything."""
 
 REPORTED: dict[str, re.Pattern] = {
-    "weights_s": re.compile(r"Model loading took [\d.]+ GiB memory and (?P<s>[\d.]+) seconds|"
-                            r"Loading weights took (?P<s2>[\d.]+) seconds"),
+    "weights_s": re.compile(r"(?:Model loading took [\d.]+ GiB memory and|Loading weights took) (?P<s>[\d.]+) seconds"),
     "compile_s": re.compile(r"torch\.compile took (?P<s>[\d.]+) s in total"),
     "compile_cache_load_s": re.compile(r"from the cache, took (?P<s>[\d.]+) s"),
     "cuda_graphs_s": re.compile(r"Graph capturing finished in (?P<s>[\d.]+) secs"),
@@ -102,29 +101,22 @@ def breakdown(path: str | Path, launched_at: float, healthy_s: float,
     reported: dict[str, float] = {}
     compiled = hit = False
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            read, at_start, done = 0, True, False
-            for line in iter(lambda: fh.readline(LINE_CAP), ""):
-                read += len(line)
-                starts, at_start = at_start, line.endswith("\n")
-                if not starts or not (stamp := STAMP.search(line[:120])):
-                    if read >= MAX_BYTES:
-                        break
-                    continue
-                t = None
-                for ms in milestones:
-                    if ms.regex.search(line):
-                        t = _instant(stamp, launched) if t is None else t
-                        first.setdefault(ms.phase, t)
-                        last[ms.phase] = t
-                        done = done or ms is milestones[-1]
-                for key, rx in REPORTED.items():
-                    if r := rx.search(line):
-                        reported[key] = round(reported.get(key, 0.0) + float(r["s"] or r.groupdict().get("s2") or 0), 3)
-                compiled = compiled or bool(COMPILED.search(line))
-                hit = hit or bool(CACHE_HIT.search(line))
-                if done or read >= MAX_BYTES:
-                    break
+        for line in line_starts(path, MAX_BYTES):
+            if not (stamp := STAMP.search(line[:120])):
+                continue
+            t = None
+            for ms in milestones:
+                if ms.regex.search(line):
+                    t = _instant(stamp, launched) if t is None else t
+                    first.setdefault(ms.phase, t)
+                    last[ms.phase] = t
+            for key, rx in REPORTED.items():
+                if r := rx.search(line):
+                    reported[key] = round(reported.get(key, 0.0) + float(r["s"]), 3)
+            compiled = compiled or bool(COMPILED.search(line))
+            hit = hit or bool(CACHE_HIT.search(line))
+            if milestones[-1].phase in first:  # the API server is up: nothing later is start-up
+                break
     except OSError:
         return {"phases": {"start": round(healthy_s, 2)}, "reported": {}, "compile_cache": None}
     phases: dict[str, float] = {}
@@ -140,6 +132,9 @@ def breakdown(path: str | Path, launched_at: float, healthy_s: float,
     cache = "hit" if hit and not compiled else "miss" if compiled else None
     return {"phases": phases, "reported": reported, "compile_cache": cache}
 
+
+OWN = ("settle", "measure", "outputs", "stop")
+"""a start's parts on autotune's clock, after the engine's start-up phases"""
 
 LABELS = {"launch": "launch", "engine_setup": "engine", "weights": "weights", "compile": "compile",
           "kv_cache": "KV cache", "cuda_graphs": "CUDA graphs", "engine_ready": "warm-up",
@@ -157,22 +152,24 @@ def text(timeline: dict | None) -> str:
     cache = engine.get("compile_cache")
     inner = ", ".join(f"{LABELS.get(k, k)} {v:.0f}" + (f" {cache}" if k == "compile" and cache else "")
                       for k, v in phases.items() if k != "start")
-    after = ", ".join(f"{LABELS[k]} {timeline[k]:.0f}" for k in ("settle", "measure", "outputs", "stop")
-                      if timeline.get(k) is not None)
+    after = ", ".join(f"{LABELS[k]} {timeline[k]:.0f}" for k in OWN if timeline.get(k) is not None)
     start = timeline.get("to_healthy")
     head = f"start {start:.0f} s" + (f" ({inner})" if inner else "") if start is not None else "no start"
     return head + (f" + {after}" if after else "") + (f" = {timeline['total']:.0f} s" if timeline.get("total") else "")
+
+
+def seconds(timeline: dict) -> dict[str, float]:
+    """One start's seconds by phase: the engine's start-up phases, then autotune's own parts."""
+    return {**((timeline.get("engine") or {}).get("phases") or {}),
+            **{k: timeline[k] for k in OWN if timeline.get(k) is not None}}
 
 
 def night(timelines: list[dict]) -> dict:
     """The night's seconds per phase, summed over its starts: where the GPU minutes went."""
     out: dict[str, float] = {}
     for tl in timelines:
-        for k, v in ((tl.get("engine") or {}).get("phases") or {}).items():
+        for k, v in seconds(tl).items():
             out[k] = out.get(k, 0.0) + v
-        for k in ("settle", "measure", "outputs", "stop"):
-            if tl.get(k) is not None:
-                out[k] = out.get(k, 0.0) + tl[k]
         if "to_healthy" not in tl and tl.get("total"):  # never healthy: its time went on trying to start
             out["failed_start"] = out.get("failed_start", 0.0) + tl["total"] - (tl.get("stop") or 0.0)
     return {k: round(v, 1) for k, v in out.items()}
@@ -183,7 +180,7 @@ def night_text(spent: dict) -> str:
     total = sum(spent.values())
     if not total:
         return "-"
-    starting = sum(v for k, v in spent.items() if k not in ("settle", "measure", "outputs", "stop"))
+    starting = sum(v for k, v in spent.items() if k not in OWN)
     top = sorted(((v, k) for k, v in spent.items()), reverse=True)[:4]
     return (f"{total / 60:.1f} min in all, {starting / total:.0%} of it starting servers, "
             f"{spent.get('measure', 0) / total:.0%} measuring; most: "

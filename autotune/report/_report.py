@@ -390,15 +390,12 @@ def _time_blocks(trials) -> list[tuple]:
     timed = [t for t in trials if t.timeline]
     if not timed:
         return []
-    order = list(_startup.LABELS)
-    cols = [k for k in order if any(k in ((t.timeline.get("engine") or {}).get("phases") or {})
-                                    or t.timeline.get(k) is not None for t in timed)]
+    cells = [_startup.seconds(t.timeline) for t in timed]
+    cols = [k for k in _startup.LABELS if any(k in cell for cell in cells)]
     rows = []
-    for t in timed:
+    for t, cell in zip(timed, cells):
         tl = t.timeline
-        phases = (tl.get("engine") or {}).get("phases") or {}
         cache = (tl.get("engine") or {}).get("compile_cache")
-        cell = {**phases, **{k: tl[k] for k in ("settle", "measure", "outputs", "stop") if tl.get(k) is not None}}
         rows.append([str(t.number), label(t.config)]
                     + [(f"{cell[k]:.1f}" + (f" ({cache})" if k == "compile" and cache else "")) if k in cell else "-"
                        for k in cols]

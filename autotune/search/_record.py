@@ -40,7 +40,6 @@ class TrialRecord:
     constraints: Mapping = field(default_factory=dict)  # the guards, Optuna-style (<= 0: satisfied)
     datetime_start: dt.datetime | None = None
     datetime_complete: dt.datetime | None = None
-    start_s: float | None = None                # the start's seconds, measured or not (``start_s_of``)
     failed_timeline: Mapping | None = None      # a failed start's ``timeline``, as far as it got
 
     @property
@@ -282,7 +281,7 @@ def trial_record(t) -> TrialRecord:
         config_key=a.get("config_key"), measurement=a.get("measurement") or {}, stalled=bool(a.get("stalled")),
         equivalence=a.get("equivalence") or {}, server_starts=int(a.get("server_starts", 0) or 0),
         error=a.get("error"), noise=a.get("noise"), predicted_tpot_ms=a.get("predicted_tpot_ms"),
-        start_s=a.get("start_s"), failed_timeline=a.get("timeline"),
+        failed_timeline=a.get("timeline"),
         predicted_ci=tuple(ci) if ci is not None else None, bands_check=a.get("bands_check"),
         runoff_round=runoff_round_of(t),
         constraints=cons if isinstance(cons, dict) else {},
