@@ -100,8 +100,11 @@ def test_missing_milestones_fold_into_the_next_phase(tmp_path):
 def test_model_runner_v2_wording(tmp_path):
     # no speculation on vLLM 0.25 runs the V2 model runner, which says "Loading model from scratch"
     log = CPU_LOG.replace("[cpu_model_runner.py:68] Starting to load model m...", "[model_runner.py:281] Loading model from scratch...")
-    p = _startup.breakdown(write(tmp_path, log), LAUNCH.timestamp(), 28.0)["phases"]
-    assert p["engine_setup"] == 15 and p["weights"] == 1
+    log = log.replace("[default_loader.py:501] Loading weights took 0.16 seconds",
+                      "[model_runner.py:302] Model loading took 0.26 GiB and 1.383395 seconds")
+    b = _startup.breakdown(write(tmp_path, log), LAUNCH.timestamp(), 28.0)
+    assert b["phases"]["engine_setup"] == 15 and b["phases"]["weights"] == 1
+    assert b["reported"]["weights_s"] == pytest.approx(1.383)
 
 
 def test_a_log_clock_behind_or_past_the_healthy_time_is_clamped(tmp_path):

@@ -53,7 +53,7 @@ VLLM: tuple[Milestone, ...] = (
 line, so ``launch`` is Python's and vLLM's imports before it logs anything."""
 
 REPORTED: dict[str, re.Pattern] = {
-    "weights_s": re.compile(r"(?:Model loading took [\d.]+ GiB memory and|Loading weights took) (?P<s>[\d.]+) seconds"),
+    "weights_s": re.compile(r"(?:Model loading took [\d.]+ GiB (?:memory )?and|Loading weights took) (?P<s>[\d.]+) seconds"),
     "compile_s": re.compile(r"torch\.compile took (?P<s>[\d.]+) s in total"),
     "compile_cache_load_s": re.compile(r"from the cache, took (?P<s>[\d.]+) s"),
     "cuda_graphs_s": re.compile(r"Graph capturing finished in (?P<s>[\d.]+) secs"),
