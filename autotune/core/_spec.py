@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer,
                       model_validator)
 
+from autotune.core._cuts import refuted_in
 from autotune.core._inputs import InputError, read_input
 from autotune.core._measure import STATISTICS
 from autotune.core._methods import check_method_name, knob_problem, needs_model
@@ -500,7 +501,9 @@ class EngineSpec(_Model):
                                description="argv prefix that runs `vllm serve` (a venv path, a container command); "
                                            "for llamacpp the llama-server executable (default: llama-server)")
     python: str | None = Field(default=None, description="python of the vLLM environment, for the capability probe")
-    env: dict[str, str] = Field(default={}, description="environment variables of every server start")
+    env: dict[str, str] = Field(default={}, description="environment variables of every server start (one that "
+                                "makes a start-up cut measured to move TPOT, autotune/core/_cuts.py, is refused "
+                                "unless production_equivalent is false)")
     serve_args: dict[str, Any] = Field(default={}, description="serve arguments every trial shares "
                                        "(snake_case keys, as in production)")
     start_timeout_s: float = Field(default=600.0, gt=0, description="seconds a server may take to become healthy")
@@ -896,6 +899,11 @@ def load_spec(path: str | Path) -> StudySpec:
             msg = err["msg"].removeprefix("Value error, ")
             msgs.append(f"{path}:{line}: field '{field}': {msg}" if line else f"{path}: field '{field}': {msg}")
         raise SpecError("\n".join(msgs)) from None
+    refused = refuted_in(spec.engine.env) if spec.production_equivalent else None
+    if refused:
+        loc = ("engine", "env", refused[0])
+        line = _line_of(root, loc)
+        raise SpecError(f"{path}{f':{line}' if line else ''}: field '{'.'.join(loc)}': {refused[1]}")
     try:
         return _localized(spec, path)
     except (ValueError, OSError) as e:  # a path with a NUL byte, a $VAR that makes one

@@ -1,0 +1,62 @@
+"""Start-up cuts and their verdicts: ways to bring a server up sooner, measured against the TPOT
+they must not move.
+
+A night on a GPU is mostly server start-up (``engines._startup``: on one H100 a repeated start
+of the real SmolLM2-135M spent 15-24 s before vLLM logged anything and 17-23 s more before the
+engine began to load the model, of 41-64 s to a healthy server; the measurement was 7-10 s). A
+cut removes part of that, and is worth having only if the server it brings up measures what the
+production server would: the same configurations started with and without it, in mirrored order
+on one machine (``benchmarks/gpu/night_then_cuts.sh``, ``cuts_ab.py``), TPOT at every level
+within the start-to-start noise. Each cut measured so far is registered with its verdict. One
+that moved TPOT is refused where a spec would measure production's engine with it
+(``production_equivalent``, the default): the error says what was measured.
+
+- ``fork_engine_core`` (``VLLM_WORKER_MULTIPROC_METHOD=fork``): ``vllm serve`` spawns its engine
+  core, which imports torch and vLLM again; forked, it inherits the API process's imports. On
+  one H100 (CUDA vLLM 0.25.0, SmolLM2-135M, 2026-12-07) it saved 23 s of a 64 s repeated start
+  (the engine set-up phase, 23 s to 4 s) and made ngram K=10 47% slower (95% interval 34-60%,
+  start-to-start noise 14%; level 2 88% slower), no speculation unchanged within its noise: the
+  n-gram proposer runs on the CPU inside the engine core. Under it, that night's study kept no
+  speculation where the same spec without it had changed to ngram K=10 at 1.27x.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StartCut:
+    name: str
+    env: dict[str, str]
+    """the environment of a server start that makes the cut"""
+    why: str
+    """what it saves"""
+    moves_tpot: str | None
+    """None: measured harmless; else what it did to TPOT, with where the rows are"""
+
+
+CUTS: dict[str, StartCut] = {}
+
+
+def register(cut: StartCut) -> None:
+    CUTS[cut.name] = cut
+
+
+register(StartCut(
+    name="fork_engine_core",
+    env={"VLLM_WORKER_MULTIPROC_METHOD": "fork"},
+    why="the engine core is forked from the API process and inherits its imports (23 s of a 64 s start on an H100)",
+    moves_tpot="ngram K=10 47% slower (95% interval 34-60%, start-to-start noise 14%) on one H100, CUDA vLLM "
+               "0.25.0, 2026-12-07 (benchmarks/results/h100-smollm2-cuts-ab-2026-12-07.json)"))
+
+
+def refuted_in(env: dict[str, str]) -> tuple[str, str] | None:
+    """(the env key, why it is refused) where ``env`` makes a cut measured to move TPOT, else None."""
+    for cut in CUTS.values():
+        if cut.moves_tpot and cut.env and all(env.get(k) == v for k, v in cut.env.items()):
+            key = next(iter(cut.env))
+            return key, (f"{key}={cut.env[key]} is the start-up cut {cut.name} ({cut.why}), measured to move "
+                         f"TPOT: {cut.moves_tpot}; remove it, or set production_equivalent: false where this "
+                         f"engine setup is deliberate (the recommendation then says it differs from production)")
+    return None
