@@ -53,3 +53,22 @@ def test_scoring_runs_every_strategy_on_the_same_grid():
     assert set(s) == {"ours", "random", "tpe"}
     for d in s.values():
         assert 0 <= d["within_3pct"] <= 1 and d["regret_mean"] >= 0 and 1 <= d["starts"] <= 6 + 2
+
+
+def test_indistinguishable_forgives_only_what_the_noise_hides():
+    """Within 3% is always indistinguishable; a pick further off is only where ``budget // 2``
+    starts each of it and the best, drawn from their recorded starts, order them wrong in at least
+    5% of the draws; the told-pair ceiling is a share."""
+    grids = gen.generate(40, seed=2)
+    for g in grids:
+        for key in g.truth:
+            if g.ok(key):
+                assert gen.indistinguishable(g, key, 6)
+        far = max(g.truth, key=g.truth.get)
+        if not g.ok(far):
+            assert gen.indistinguishable(g, far, 6) == (gen.p_lower(g, far, g.best_key, 3) >= gen.INDISTINGUISHABLE)
+        assert 0.0 <= gen.pair_ceiling(g, 6) <= 1.0
+    # a quiet grid tells a far pick from the best: some grid has a pick that is not forgiven
+    assert any(not gen.indistinguishable(g, max(g.truth, key=g.truth.get), 6) for g in grids)
+    s = gen.score(grids[0], seeds=2, budget=6, strategies=("ours",))
+    assert set(s) == {"ours"} and s["ours"]["indistinguishable"] >= s["ours"]["within_3pct"]
