@@ -102,6 +102,27 @@ def test_verify_schedule_took_effect_and_k0_vs_no_speculation():
     assert verify(cfg, {"1": _level(8, 0, 0), "4": _level(9, 0, 0)})["took_effect"] is None
 
 
+def test_verify_gives_no_verdict_on_a_level_the_server_ran_at_batch_one():
+    cfg = {"method": "ngram", "num_speculative_tokens": 4, _bands.BANDS_KEY: [[1, 1, 4], [2, 8, 0]]}
+    lv1 = _level(5.0, 400, 1600, accepted=900)
+    steps = 24 * 64 - 24 - 850  # the decode steps of level 4's requests (generated - first tokens - accepted)
+    # level 4 drafts as level 1 does: at a mean batch of 1.05 that is batch 1's band, not a schedule ignored
+    solo = _level(7.0, 380, 1520, accepted=850)
+    solo["spec_delta"]["iterations"] = steps / 1.05
+    out = verify(cfg, {"1": lv1, "4": solo})
+    assert out["took_effect"] is None and out["levels"]["4"]["mean_batch"] == pytest.approx(1.05)
+    assert "mean batch of 1.05" in out["reason"] and "cannot tell" in out["reason"]
+    # the same drafting at a mean batch of 3.2: the band of batch 2-8 (k=0) was ignored
+    loaded = _level(7.0, 380, 1520, accepted=850)
+    loaded["spec_delta"]["iterations"] = steps / 3.2
+    out = verify(cfg, {"1": lv1, "4": loaded})
+    assert out["took_effect"] is False and "did not take effect" in out["reason"]
+    # a schedule that gives batch 1 fewer than K tokens is judged at any batch
+    low_at_one = {**cfg, _bands.BANDS_KEY: [[1, 1, 2], [2, 8, 4]]}
+    out = verify(low_at_one, {"1": _level(5.0, 400, 800, accepted=500), "4": solo})
+    assert out["took_effect"] is not None
+
+
 def test_check_trial_marks_an_ineffective_schedule_infeasible():
     class T:
         def __init__(self):

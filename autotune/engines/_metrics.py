@@ -43,6 +43,9 @@ ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens_total"
 ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 GENERATION_TOKENS = "vllm:generation_tokens_total"
 PREEMPTIONS = "vllm:num_preemptions_total"
+ITERATIONS = "vllm:iteration_tokens_total_count"
+"""engine steps (the tokens-per-step histogram's observations): with the decode steps of the
+requests, the mean batch a level actually ran at"""
 # Histograms, newest name first (older vLLM releases used the second).
 TPOT_HISTOGRAMS = ("vllm:request_time_per_output_token_seconds", "vllm:time_per_output_token_seconds")
 ITL_HISTOGRAMS = ("vllm:inter_token_latency_seconds",)
@@ -147,6 +150,8 @@ class SpecDelta:
     itl_count: float | None = None
     """ITL histogram observations: one per decode step of a request (drafted or not), so the
     decode steps; None when the server has no ITL histogram."""
+    iterations: float | None = None
+    """engine steps (``ITERATIONS``); None when the server does not report them."""
 
     @property
     def acceptance_length(self) -> float | None:
@@ -190,6 +195,7 @@ class SpecDelta:
             "server_tpot_ms_mean": self.server_tpot_ms_mean,
             "server_itl_ms_mean": self.server_itl_ms_mean,
             "itl_count": self.itl_count,
+            "iterations": self.iterations,
             "acceptance_length": self.acceptance_length,
             "acceptance_rate": self.acceptance_rate,
             "per_position_rates": self.per_position_rates,
@@ -231,6 +237,7 @@ def delta(before: Snapshot, after: Snapshot) -> SpecDelta:
         server_itl_ms_mean=_histogram_mean_ms(before, after, ITL_HISTOGRAMS),
         itl_count=(_counter_delta(before, after, ITL_HISTOGRAMS[0] + "_count")
                    if after.get(ITL_HISTOGRAMS[0] + "_count") is not None else None),
+        iterations=_counter_delta(before, after, ITERATIONS) if after.get(ITERATIONS) is not None else None,
     )
 
 
@@ -241,7 +248,8 @@ def nonsense(d: SpecDelta) -> str | None:
     a start no figure worth keeping: the caller fails that trial with this reason."""
     for name, v in (("spec_decode_num_drafts", d.drafts), ("spec_decode_num_draft_tokens", d.draft_tokens),
                     ("spec_decode_num_accepted_tokens", d.accepted_tokens), ("generation_tokens", d.generated_tokens),
-                    ("num_preemptions", d.preemptions), ("inter-token latency count", d.itl_count or 0.0)):
+                    ("num_preemptions", d.preemptions), ("inter-token latency count", d.itl_count or 0.0),
+                    ("iteration_tokens count", d.iterations or 0.0)):
         if v < 0 or v != v:
             return f"vllm:{name} fell by {-v:g} during the start (a counter only grows)"
     for i, v in enumerate(d.accepted_per_position):

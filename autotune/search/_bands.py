@@ -174,11 +174,19 @@ def _steps(d: dict) -> float | None:
     return s if s > 0 else None
 
 
+SOLO_BATCH = 1.25
+"""A level whose decode steps average fewer running requests than this ran at batch 1 for the
+schedule's purpose (a band of batch 2 and up applied to at most a quarter of its steps)."""
+
+
 def verify(config: dict, levels: dict, baseline_levels: dict | None = None) -> dict:
     """Did the schedule take effect? Per level: the schedule's k, draft tokens per decode step
     (``draft_tokens / steps``); where the schedule's k is below K, that figure must sit nearer
     ``c * k`` than ``c * K`` (``c``: drafted steps per decode step, from the level with the
-    largest k). k=0 levels are compared with the baseline's TPOT at the same level.
+    largest k). k=0 levels are compared with the baseline's TPOT at the same level. A level
+    that ran at a mean batch below ``SOLO_BATCH`` (decode steps of the requests over the engine's
+    steps) where batch 1 drafts K gets no verdict: it would draft K whether or not the schedule
+    took effect.
 
     ``levels``: ``Measurement.levels`` (per level ``spec_delta`` and ``tpot``);
     ``baseline_levels``: the same of a no-speculation start. Returns a JSON-able dict with
@@ -195,7 +203,8 @@ def verify(config: dict, levels: dict, baseline_levels: dict | None = None) -> d
         row = {"level": L, "k": k, "tpot_ms": d.get("tpot"), "drafts": sd.get("drafts"),
                "draft_tokens": sd.get("draft_tokens"), "decode_steps": steps,
                "draft_tokens_per_step": (sd.get("draft_tokens") or 0.0) / steps if steps else None,
-               "drafted_fraction": (sd.get("drafts") or 0.0) / steps if steps else None}
+               "drafted_fraction": (sd.get("drafts") or 0.0) / steps if steps else None,
+               "mean_batch": steps / sd["iterations"] if steps and sd.get("iterations") else None}
         base = (baseline_levels or {}).get(name) or {}
         if k == 0 and base.get("tpot") and d.get("tpot"):
             row["k0_vs_no_speculation"] = d["tpot"] / base["tpot"]
@@ -218,8 +227,17 @@ def verify(config: dict, levels: dict, baseline_levels: dict | None = None) -> d
         return out
     c = top["draft_tokens_per_step"] / top["k"]
     bad = [r for r in low if abs(r["draft_tokens_per_step"] - c * r["k"]) >= abs(r["draft_tokens_per_step"] - c * K)]
-    if bad:
-        r = bad[0]
+    # a level the server ran at batch 1 (a client that could not keep the level's requests in
+    # flight) drafts what batch 1's band says wherever the schedule took effect: no verdict
+    solo = [r for r in bad if r["mean_batch"] is not None and r["mean_batch"] < SOLO_BATCH
+            and k_at(sched, 1, K) == K]
+    if solo and len(solo) == len(bad):
+        r = solo[0]
+        out.update(took_effect=None, reason=(
+            f"level {r['level']} ran at a mean batch of {r['mean_batch']:.2f}, where the schedule drafts K={K} "
+            f"as at batch 1: its drafting cannot tell whether the schedule took effect"))
+    elif bad:
+        r = next(r for r in bad if r not in solo)
         out.update(took_effect=False, reason=(
             f"level {r['level']} drafted {r['draft_tokens_per_step']:.2f} tokens per step, as with K={K}, "
             f"not the schedule's k={r['k']} (expected about {c * r['k']:.2f}): the schedule did not take effect"))
