@@ -40,6 +40,8 @@ configurations once each meets more lucky starts, not fewer).
     python benchmarks/grid_gen.py                      # 500 grids, 10 seeds each, 6 starts
     python benchmarks/grid_gen.py --grids 100 --seeds 4 --budget 8
     python benchmarks/grid_gen.py --grids 200 --seeds 4 --strategies ours --no-docs --out /tmp/x.json
+    python benchmarks/grid_gen.py --spec benchmarks/gpu/code-smollm2-night.yaml --no-docs --out ...
+                                  # the starts a spec's budget leaves the search (``_budget.plan``)
 """
 
 from __future__ import annotations
@@ -240,12 +242,20 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--budget", type=int, default=search.GPU_BUDGET, help="server starts the search is given")
+    ap.add_argument("--spec", help="a study spec: the search gets the starts its budget leaves after the "
+                                   "confirmation's reserve (_budget.plan), instead of --budget")
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--no-docs", action="store_true", help="do not touch docs/figures/search.md")
     ap.add_argument("--strategies", default=",".join(STRATEGIES),
                     help="comma-separated, of %(default)s (TPE is the slow one); the docs only with all three")
     args = ap.parse_args(argv)
     strategies = tuple(x for x in args.strategies.split(",") if x)
+    if args.spec:
+        from autotune.core._spec import load_spec
+        from autotune.search._budget import plan
+
+        spec = load_spec(args.spec)
+        args.budget = plan(spec, spec.space.methods)["search"]
     if set(strategies) - set(STRATEGIES):
         ap.error(f"--strategies: of {', '.join(STRATEGIES)}")
     t0 = time.monotonic()
@@ -265,7 +275,8 @@ def main(argv=None) -> int:
                           **{s: {m: statistics.mean(r[s][m] for r in rs)
                                  for m in ("within_3pct", "indistinguishable", "regret_mean", "starts")}
                              for s in strategies}}
-    command = f"python benchmarks/grid_gen.py --grids {args.grids} --seeds {args.seeds} --budget {args.budget} --seed {args.seed}"
+    command = (f"python benchmarks/grid_gen.py --grids {args.grids} --seeds {args.seeds} "
+               + (f"--spec {args.spec}" if args.spec else f"--budget {args.budget}") + f" --seed {args.seed}")
     if strategies != STRATEGIES:
         command += f" --strategies {','.join(strategies)}"
     print(f"{len(rows)} generated grids x {args.seeds} seeds, {args.budget} starts ({time.monotonic() - t0:.0f} s)")

@@ -55,6 +55,38 @@ def confirm_reserve(spec: StudySpec) -> int:
     return sides * max(o.confirm_starts, min(o.max_confirm_starts(), room // sides))
 
 
+def plan(spec: StudySpec, methods) -> dict:
+    """How the server-start budget splits before the first start, and what it cannot pay for.
+
+    The search gets what the confirmation's reserve (``confirm_reserve``) leaves, and at most
+    ``budget.max_trials`` trials. Its opening, before any prediction: no speculation, the
+    incumbent, each method's largest K and (where its K range has room for one between) its
+    acceptance knee; then a runoff of ``objective.runoff_contenders`` (2 starts) where two
+    configurations are too close for one start each. A budget that cannot pay for these is not
+    an error (the search stops, the runoff is skipped, and the decision says so), but a night
+    that ends there was sized wrong: ``short`` says what is missing and which field pays for it."""
+    b, o = spec.budget, spec.objective
+    confirm = confirm_reserve(spec)
+    search = max(0, min(b.max_server_starts - confirm, b.max_trials))
+    ks = {m: spec.space.k_range(m) for m in methods}
+    opening = 1 + bool(spec.incumbent) + sum(1 + (kr.max - kr.min >= 2) for kr in ks.values())
+    runoff = 2 if o.runoff_contenders >= 2 else 0
+    out = {"server_starts": b.max_server_starts, "confirmation": confirm, "search": search,
+           "opening": opening, "runoff": runoff, "short": None}
+    need = opening + runoff
+    if search < need:
+        what = (f"its opening needs up to {opening} (no speculation{', the incumbent' if spec.incumbent else ''}, "
+                f"each method's largest K and acceptance knee)" + (f" and a runoff {runoff} more" if runoff else ""))
+        # more starts grow the reserve too, up to every confirmation round the spec allows
+        reserve = (3 if spec.incumbent else 2) * max(o.confirm_starts, o.max_confirm_starts()) if o.confirm_starts else 0
+        fields = ([f"budget.max_trials {need}"] if b.max_trials < need else []) + \
+                 ([f"budget.max_server_starts {need + reserve}"] if b.max_server_starts - confirm < need else [])
+        out["short"] = (f"the search gets {search} of {b.max_server_starts} server starts ({confirm} kept for the "
+                        f"confirmation, budget.max_trials {b.max_trials}); {what}: "
+                        + " and ".join(fields) + " would pay for " + ("both" if runoff else "it"))
+    return out
+
+
 class StartBudget:
     """The budget and pause of one run of a study (``study``: its Optuna study, whose stored
     trials say what was spent; ``t0``: ``time.monotonic`` when the run opened it)."""

@@ -57,6 +57,7 @@ from autotune.search._record import (bands_of, claim_key_of, config_key_of, conf
 from autotune.search._recovery import recover_trials, trial_id
 from autotune.search import _bands, _equivalence, _nights, _observations, _predict, _runoff
 from autotune.search._budget import Pause, StartBudget, confirm_reserve
+from autotune.search._budget import plan as budget_plan
 from autotune.search._confirm import Confirmation
 from autotune.search._levels import measurement_objective
 from autotune.search._sampler import MODES as SAMPLER_MODES
@@ -277,6 +278,9 @@ class Study:
             self.notes.append(f"confirmation reuses the search requests: {len(self.replay_set.requests)} requests "
                               f"in the replay set, fewer than warm-up + 2 x {len(self.search_reqs)} needed for fresh "
                               "ones (the decision says so)")
+        short = budget_plan(spec, space.methods)["short"]
+        if short:
+            self.notes.append(f"budget: {short}")
         self._dupes = 0
         self.recovered = self.recover()
         self.budget = StartBudget(spec, space, self.study, self.t0, pause)
