@@ -28,17 +28,19 @@ def test_band_schedule_takes_effect_and_k0_band_drafts_nothing(long_code_profile
     bench = _bench()
     prof = long_code_profile
     r = bench.run(prof["spec"], prof["dir"], cache_dir=probed, none=prof["none"])
+    if r["check"]["took_effect"] is None and "mean batch" in r["check"]["reason"]:
+        # the client kept fewer than two requests in flight (a busy host): level 4 ran as level 1
+        # does and its drafting says nothing of the schedule (the product's check says so rather
+        # than "ignored"); one more measurement, and a second such run fails below with the reason
+        print(f"\nmeasured again: {r['check']['reason']}")
+        r = bench.run(prof["spec"], prof["dir"] / "again", cache_dir=probed, none=prof["none"])
     fig = bench.figures(r)
     print(f"\n{json.dumps(fig, indent=1)}")
     m, check = r["band"], r["check"]
     lv1 = m.levels["1"]["spec_delta"]
     per_step = fig["draft_tokens_per_step"]
     assert lv1["drafts"] > 0 and lv1["accepted_tokens"] > 0          # level 1 speculates (k=K)
-    if check["took_effect"] is None and "mean batch" in check["reason"]:
-        # the client kept fewer than two requests in flight: level 4 ran as level 1 does, and its
-        # drafting says nothing of the schedule (the product's check says so instead of "ignored")
-        pytest.skip(f"this host did not load level 4: {check['reason']}")
-    assert check["levels"]["4"]["mean_batch"] > 1.25, check["levels"]["4"]  # the level loaded the server
+    assert check["levels"]["4"]["mean_batch"] > 1.25, check  # the level loaded the server
     # level 4 drafts only when its batch falls to 1 (its drain tail; more often on a host whose
     # client falls behind: 0.64 tokens/step in a quiet run, 1.72 with the host busy), never like k=4
     assert per_step["4"] < 0.5 * per_step["1"], per_step
