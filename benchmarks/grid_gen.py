@@ -42,6 +42,8 @@ configurations once each meets more lucky starts, not fewer).
     python benchmarks/grid_gen.py --grids 200 --seeds 4 --strategies ours --no-docs --out /tmp/x.json
     python benchmarks/grid_gen.py --spec benchmarks/gpu/code-smollm2-night.yaml --no-docs --out ...
                                   # the starts a spec's budget leaves the search (``_budget.plan``)
+    python benchmarks/grid_gen.py --profile --no-docs --out ...
+                                  # two levels each, scored on the traffic-weighted objective
 """
 
 from __future__ import annotations
@@ -74,6 +76,10 @@ STRATEGIES = ("ours", "random", "tpe")
 INDISTINGUISHABLE = 0.05
 """A pick the grid cannot tell from its best: told the pair, ``budget // 2`` starts each, the pick's
 mean is lower in at least this share of draws (``search.resolution``'s "may be the best" share)."""
+PROFILE = (2, 16)
+"""``--profile``: the two levels of a generated concurrency profile (the GPU specs' levels)."""
+OBJECTIVE = 0
+"""The level key that holds a profile start's traffic-weighted objective (no concurrency is 0)."""
 JUMPS = (4, 8, 16)
 """Tokens per verify step where a kernel or CUDA-graph size is crossed: the step cost jumps."""
 
@@ -113,8 +119,16 @@ def step_cost(k: int, slope: float, jumps: dict[int, float], proposer: float) ->
     return c * (1.0 + proposer)
 
 
-def generate(n: int, seed: int, starts: int = 6, families=FAMILIES) -> list:
-    """``n`` grids (families in turn), each drawn from ``random.Random(f"{seed}/{i}")``."""
+def generate(n: int, seed: int, starts: int = 6, families=FAMILIES, profile: bool = False) -> list:
+    """``n`` grids (families in turn), each drawn from ``random.Random(f"{seed}/{i}")``.
+
+    ``profile``: each grid a concurrency profile of two levels (``PROFILE``), as a profile study
+    measures: the same acceptance at both, a verify step cheap at the low level (slope 0.005-0.04)
+    and dear at the high one (its own slope 0.03-0.15, at least the low one's), so the best K often
+    differs between them; traffic weights drawn (the low level's 0.2-0.8); a start's noise shared
+    by its levels (one server, one host) with 1-3% of each level's own. The grid is scored on the
+    traffic-weighted objective (``_measure.weighted_statistic``: the weighted mean of the levels'
+    TPOT), the predictor sees each level (``Grid.weights``)."""
     from search import Grid
 
     grids = []
@@ -128,12 +142,25 @@ def generate(n: int, seed: int, starts: int = 6, families=FAMILIES) -> list:
         base = rng.uniform(1.5, 12.0)  # ms per token without speculation
         cv = rng.uniform(0.02, 0.15)
         cv_none = cv * rng.uniform(0.2, 1.0)
-        truth = {canonical(None): base}
+        if profile:
+            lo_slope = rng.uniform(0.005, 0.04)
+            slopes = {PROFILE[0]: lo_slope, PROFILE[1]: max(lo_slope, rng.uniform(0.03, 0.15))}
+            bases = {PROFILE[0]: base, PROFILE[1]: base * rng.uniform(1.2, 2.5)}
+            w_lo = rng.uniform(0.2, 0.8)
+            weights = {PROFILE[0]: w_lo, PROFILE[1]: 1.0 - w_lo}
+            own = rng.uniform(0.01, 0.03)
+        else:
+            slopes, bases, weights, own = {LEVEL: slope}, {LEVEL: base}, None, 0.0
         configs: list[dict | None] = [None]
+        per_level = {lv: {canonical(None): bases[lv]} for lv in slopes}
         for k in range(1, K_MAX + 1):
             cfg = ngram(k)
             configs.append(cfg)
-            truth[canonical(cfg)] = base * step_cost(k, slope, jumps, proposer) / (1.0 + sum(rates[:k]))
+            for lv in slopes:
+                per_level[lv][canonical(cfg)] = (bases[lv] * step_cost(k, slopes[lv], jumps, proposer)
+                                                 / (1.0 + sum(rates[:k])))
+        truth = {key: (sum(weights[lv] * per_level[lv][key] for lv in slopes) if weights else per_level[LEVEL][key])
+                 for key in per_level[next(iter(slopes))]}
         recorded: dict[str, list[Observation]] = {}
         for cfg in configs:
             key = canonical(cfg)
@@ -141,18 +168,24 @@ def generate(n: int, seed: int, starts: int = 6, families=FAMILIES) -> list:
             k = cfg["num_speculative_tokens"] if cfg else 0
             obs = []
             for _ in range(starts):
-                v = truth[key] * math.exp(rng.gauss(0.0, sd))
+                f = math.exp(rng.gauss(0.0, sd))
                 if rng.random() < 0.05:
-                    v *= rng.uniform(1.2, 1.5)
+                    f *= rng.uniform(1.2, 1.5)
                 delta = None
                 if cfg:
                     measured = [max(0.0, min(1.0, r + rng.gauss(0.0, 0.01))) for r in rates[:k]]
                     delta = {"per_position_rates": measured, "acceptance_length": 1.0 + sum(measured)}
-                obs.append(Observation(config=cfg, levels={LEVEL: LevelObs(v, delta)}, delta=delta))
+                values = {lv: per_level[lv][key] * f * (math.exp(rng.gauss(0.0, own)) if weights else 1.0)
+                          for lv in slopes}
+                levels = {lv: LevelObs(v, delta) for lv, v in values.items()}
+                if weights:
+                    levels[OBJECTIVE] = LevelObs(sum(weights[lv] * v for lv, v in values.items()), delta)
+                obs.append(Observation(config=cfg, levels=levels, delta=delta))
             recorded[key] = obs
         prior = (cv * rng.uniform(0.5, 2.0), 20)  # the spec's start_noise: right within a factor of two
-        grids.append(Grid(name=f"gen/{family}/{i}", source=f"grid_gen seed {seed}", configs=configs,
-                          starts=recorded, level=LEVEL, truth=truth, noise_prior=prior))
+        grids.append(Grid(name=f"gen{'-profile' if profile else ''}/{family}/{i}", source=f"grid_gen seed {seed}",
+                          configs=configs, starts=recorded, level=OBJECTIVE if weights else LEVEL, truth=truth,
+                          noise_prior=prior, weights=weights))
     return grids
 
 
@@ -242,6 +275,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--budget", type=int, default=search.GPU_BUDGET, help="server starts the search is given")
+    ap.add_argument("--profile", action="store_true", help="grids of two levels scored on the traffic-weighted "
+                                                           "objective (generate(profile=True))")
     ap.add_argument("--spec", help="a study spec: the search gets the starts its budget leaves after the "
                                    "confirmation's reserve (_budget.plan), instead of --budget")
     ap.add_argument("--out", default=str(RESULTS))
@@ -260,7 +295,7 @@ def main(argv=None) -> int:
         ap.error(f"--strategies: of {', '.join(STRATEGIES)}")
     t0 = time.monotonic()
     rows = []
-    for g in generate(args.grids, args.seed):
+    for g in generate(args.grids, args.seed, profile=args.profile):
         rows.append({"grid": g.name, "family": g.name.split("/")[1], "best_k": best_k(g),
                      "within_3pct_of_best": sum(g.ok(k) for k in g.truth), "pair_ceiling": pair_ceiling(g, args.budget),
                      **score(g, args.seeds, args.budget, strategies)})
@@ -276,7 +311,8 @@ def main(argv=None) -> int:
                                  for m in ("within_3pct", "indistinguishable", "regret_mean", "starts")}
                              for s in strategies}}
     command = (f"python benchmarks/grid_gen.py --grids {args.grids} --seeds {args.seeds} "
-               + (f"--spec {args.spec}" if args.spec else f"--budget {args.budget}") + f" --seed {args.seed}")
+               + (f"--spec {args.spec}" if args.spec else f"--budget {args.budget}") + f" --seed {args.seed}"
+               + (" --profile" if args.profile else ""))
     if strategies != STRATEGIES:
         command += f" --strategies {','.join(strategies)}"
     print(f"{len(rows)} generated grids x {args.seeds} seeds, {args.budget} starts ({time.monotonic() - t0:.0f} s)")

@@ -75,6 +75,14 @@ class Grid:
     speculative figure): what ``ours`` knows of the noise before its first start, as in a study."""
     repeats: bool = False
     """the workload's spec sets ``objective.search_repeats``: ``ours`` searches with it, as its study does."""
+    weights: dict[int, float] | None = None
+    """a concurrency profile's levels and their traffic weights, as a profile study has them: the
+    predictor is given these (each level's TPOT and counters), while ``level`` names the level that
+    holds each start's traffic-weighted objective, which the grid is scored on. None: one level."""
+
+    @property
+    def policy_weights(self) -> dict[int, float]:
+        return self.weights or {self.level: 1.0}
 
     def __post_init__(self):
         if not self.truth:
@@ -452,7 +460,7 @@ def run_ours(grid: Grid, rng: random.Random, runoff: int | None = None) -> Trace
     cands = [c for c in grid.configs if c]
     budget = OURS["budget"] or (GPU_BUDGET if is_gpu(grid) else 4 * len(grid.configs))
     while len(obs) < budget:
-        st = _policy.next_step(obs, cands, weights={grid.level: 1.0}, noise_prior=grid.noise_prior,
+        st = _policy.next_step(obs, cands, weights=grid.policy_weights, noise_prior=grid.noise_prior,
                                min_gain=OURS["min_gain"], repeats=grid.repeats if OURS["repeats"] is None else OURS["repeats"])
         if st.action != "measure":
             tr.stopped_at = len(tr.keys)
@@ -596,7 +604,7 @@ def one_shot_error(grid: Grid) -> dict:
     for m in methods:
         top = max((c for c in grid.configs if c and c["method"] == m), key=k_of)
         seen.append(grid.starts[canonical(top)][0])
-    pred = _predict.Predictor(seen, {grid.level: 1.0})
+    pred = _predict.Predictor(seen, grid.policy_weights)
     rows = []
     for c in grid.configs:
         key = canonical(c)

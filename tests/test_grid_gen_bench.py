@@ -72,3 +72,27 @@ def test_indistinguishable_forgives_only_what_the_noise_hides():
     assert any(not gen.indistinguishable(g, max(g.truth, key=g.truth.get), 6) for g in grids)
     s = gen.score(grids[0], seeds=2, budget=6, strategies=("ours",))
     assert set(s) == {"ours"} and s["ours"]["indistinguishable"] >= s["ours"]["within_3pct"]
+
+
+def test_profile_grids_score_the_traffic_weighted_objective_and_give_the_search_each_level():
+    import search
+
+    grids = gen.generate(60, seed=5, profile=True)
+    lo, hi = gen.PROFILE
+    flips = 0
+    for g in grids:
+        assert g.level == gen.OBJECTIVE and set(g.weights) == {lo, hi} and abs(sum(g.weights.values()) - 1) < 1e-9
+        assert g.policy_weights == g.weights  # the predictor sees the levels, never the objective's key
+        for obs in g.starts.values():
+            for o in obs:  # each start's objective is the weighted mean of its levels (weighted_statistic)
+                want = sum(g.weights[lv] * o.levels[lv].value for lv in (lo, hi))
+                assert math.isclose(o.levels[gen.OBJECTIVE].value, want)
+        # the best of each level on its own, by the starts' means: where they differ the objective must trade
+        best = {lv: min(g.starts, key=lambda k: sum(o.levels[lv].value for o in g.starts[k])) for lv in (lo, hi)}
+        flips += best[lo] != best[hi]
+    assert flips >= 10, flips  # the levels disagree on a good share of grids, as on the H100 grid
+    # single-level grids are drawn as before: the profile option draws nothing when off
+    assert [g.truth for g in gen.generate(4, seed=5)] == [g.truth for g in gen.generate(4, seed=5, profile=False)]
+    assert gen.generate(4, seed=5)[0].weights is None and gen.generate(4, seed=5)[0].policy_weights == {gen.LEVEL: 1.0}
+    tr = search.run_ours(grids[0], __import__("random").Random(0))
+    assert tr.keys and all(v > 0 for v in tr.values)
