@@ -177,10 +177,10 @@ def generate(n: int, seed: int, starts: int = 6, families=FAMILIES, profile: boo
                     delta = {"per_position_rates": measured, "acceptance_length": 1.0 + sum(measured)}
                 values = {lv: per_level[lv][key] * f * (math.exp(rng.gauss(0.0, own)) if weights else 1.0)
                           for lv in slopes}
-                levels = {lv: LevelObs(v, delta) for lv, v in values.items()}
-                if weights:
-                    levels[OBJECTIVE] = LevelObs(sum(weights[lv] * v for lv, v in values.items()), delta)
-                obs.append(Observation(config=cfg, levels=levels, delta=delta))
+                o = Observation(config=cfg, levels={lv: LevelObs(v, delta) for lv, v in values.items()}, delta=delta)
+                if weights:  # the study's own objective of the start (Observation.objective)
+                    o.levels[OBJECTIVE] = LevelObs(o.objective(weights), delta)
+                obs.append(o)
             recorded[key] = obs
         prior = (cv * rng.uniform(0.5, 2.0), 20)  # the spec's start_noise: right within a factor of two
         grids.append(Grid(name=f"gen{'-profile' if profile else ''}/{family}/{i}", source=f"grid_gen seed {seed}",

@@ -107,7 +107,8 @@ def tpot_effect(rows: list[dict]) -> dict:
 
 def start_effect(rows: list[dict]) -> dict:
     out: dict = {}
-    for d, c in pairs(rows):
+    ps = pairs(rows)
+    for d, c in ps:
         for name, row in (("default", d), ("cut", c)):
             tl = row.get("timeline") or {}
             slot = out.setdefault(name, {"starts": 0, "to_healthy": [], "phases": {}})
@@ -119,10 +120,9 @@ def start_effect(rows: list[dict]) -> dict:
         slot["to_healthy"] = round(statistics.mean(x for x in slot["to_healthy"] if x is not None), 2)
         slot["phases"] = {k: round(statistics.mean(v), 2) for k, v in slot["phases"].items()}
     if {"default", "cut"} <= set(out):
-        diffs = [(c.get("timeline") or {}).get("to_healthy", 0) - (d.get("timeline") or {}).get("to_healthy", 0)
-                 for d, c in pairs(rows)]
-        out["saved_s"] = {k: (round(-v, 2) if isinstance(v, float) else v) for k, v in interval(diffs).items()}
-        out["saved_s"]["lo"], out["saved_s"]["hi"] = out["saved_s"]["hi"], out["saved_s"]["lo"]
+        saved = [(d.get("timeline") or {}).get("to_healthy", 0) - (c.get("timeline") or {}).get("to_healthy", 0)
+                 for d, c in ps]
+        out["saved_s"] = {k: (round(v, 2) if isinstance(v, float) else v) for k, v in interval(saved).items()}
     return out
 
 
