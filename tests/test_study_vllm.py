@@ -26,6 +26,16 @@ def run_cli(spec: Path, tmp_path: Path, *args: str) -> subprocess.CompletedProce
                            "--spec", str(spec), *args], capture_output=True, text=True, env=env, timeout=1200)
 
 
+def _processes() -> list[str]:
+    out = []
+    for d in Path("/proc").iterdir():
+        try:
+            out.append((d / "cmdline").read_bytes().replace(b"\0", b" ").decode()) if d.name.isdigit() else None
+        except OSError:
+            pass
+    return out
+
+
 def trials(tmp_path: Path) -> list[optuna.trial.FrozenTrial]:
     url = f"sqlite:///{tmp_path / 'study.db'}"
     (summary,) = optuna.get_all_study_summaries(url)
@@ -37,8 +47,11 @@ def test_code_study_recommends_speculation(make_spec, tmp_path):
     # shared 2-core host the baseline's starts spread up to 30% (2.60-3.68 ms), and the decision
     # stays open while the interval is that wide; it took 3 rounds in CI, and a 4th costs a minute
     # only on a night that needs it
+    # engine.preload on: every start after the first is a process that imported vLLM while the one
+    # before it started, and the outputs below must still match the plain baseline's, token for token
     spec = make_spec("code", space__methods=["ngram"], space__k={"min": 2, "max": 8},
-                     budget__max_trials=2, budget__max_server_starts=10, objective__confirm_starts=1)
+                     budget__max_trials=2, budget__max_server_starts=10, objective__confirm_starts=1,
+                     engine__preload=True)
     proc = run_cli(spec, tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rec = json.loads((tmp_path / "recommendations" / "code.json").read_text())
@@ -77,6 +90,12 @@ def test_code_study_recommends_speculation(make_spec, tmp_path):
         parts = [tl[k] for k in ("to_healthy", "settle", "measure", "outputs", "stop")]
         assert tl["measure"] > 0 and min(parts) >= 0 and tl["total"] >= sum(parts) - 0.05, tl  # each rounded
         assert tl["total"] <= t.user_attrs["start_s"]
+    # preloaded: each start after the first, and it skipped the imports a plain start logs nothing during
+    started = [t.user_attrs["measurement"]["timeline"] for t in ts if t.user_attrs.get("server_starts")]
+    assert not started[0].get("preloaded") and all(tl.get("preloaded") for tl in started[1:]), started
+    launch = [tl["engine"]["phases"]["launch"] for tl in started]
+    assert max(launch[1:]) < launch[0], launch
+    assert not [p for p in _processes() if "_preloader.py" in p], "a preloaded process outlived the study"
     env = {**os.environ, "AUTOTUNE__HOME": str(tmp_path / "home"), "AUTOTUNE__STUDIES_DIR": str(spec.parent)}
     show = subprocess.run([sys.executable, "-m", "autotune", "study", "show", "code", "--storage",
                            f"sqlite:///{tmp_path / 'study.db'}"], capture_output=True, text=True, env=env, timeout=120)

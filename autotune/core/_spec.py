@@ -506,6 +506,9 @@ class EngineSpec(_Model):
                                 "unless production_equivalent is false)")
     serve_args: dict[str, Any] = Field(default={}, description="serve arguments every trial shares "
                                        "(snake_case keys, as in production)")
+    preload: bool = Field(default=False, description="vllm: import the next `vllm serve` while the current one "
+                          "starts, so a start skips the API process's imports (15-24 s on an H100 host; "
+                          "autotune/engines/_preload.py, autotune/core/_cuts.py)")
     start_timeout_s: float = Field(default=600.0, gt=0, description="seconds a server may take to become healthy")
     stop_timeout_s: float = Field(default=30.0, gt=0, description="seconds a server may take to stop before it "
                                   "is killed")
@@ -528,6 +531,9 @@ class EngineSpec(_Model):
     def _llamacpp_command(self):
         if self.kind == "llamacpp" and "command" not in self.model_fields_set:
             object.__setattr__(self, "command", ["llama-server"])
+        if self.kind == "llamacpp" and self.preload:
+            raise ValueError("preload: true is for vllm (it imports `vllm serve` ahead); llama-server has no "
+                             "imports to skip")
         return self
 
 

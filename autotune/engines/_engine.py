@@ -178,6 +178,8 @@ class VllmServer:
     """the engine's reader of its own error line in a failed start's log (default: vLLM's)."""
     cpus: frozenset[int] | None = None
     """the CPUs the server and its workers run on (``AUTOTUNE__SERVER_CPUS``; None: wherever the OS puts them)."""
+    preloaded: Any = None
+    """a ``_preload.Preloaded`` that becomes this server instead of a new process (``engine.preload``)"""
 
     @property
     def base_url(self) -> str:
@@ -185,20 +187,30 @@ class VllmServer:
 
     def start(self) -> "VllmServer":
         private_dir(self.log_path.parent)  # server logs may hold prompt text
-        token = uuid.uuid4().hex
+        pre, self.preloaded = self.preloaded, None
+        token = pre.token if pre is not None else uuid.uuid4().hex
         env = {**os.environ, **self.env, _recovery.TOKEN_ENV: token}
         t0 = time.monotonic()
         self.launched_at = time.time()
         with open_new(self.log_path, PRIVATE) as fh:
             fh.write(("$ " + " ".join(self.argv) + "\n").encode())
             fh.flush()
+            if pre is not None:
+                try:
+                    self.proc = pre.hand_over(self.argv, env, self.log_path)
+                except OSError as e:  # it died since it said ready: start the plain way
+                    log.warning("preloaded %s gone (%s): starting it the plain way", self.name, e)
+                    pre.close()
+                    pre = None
             try:
-                self.proc = subprocess.Popen(self.argv, stdout=fh, stderr=subprocess.STDOUT, env=env,
-                                             stdin=subprocess.DEVNULL, start_new_session=True,
-                                             preexec_fn=_affinity.pinner(self.cpus))
+                if self.proc is None:
+                    self.proc = subprocess.Popen(self.argv, stdout=fh, stderr=subprocess.STDOUT, env=env,
+                                                 stdin=subprocess.DEVNULL, start_new_session=True,
+                                                 preexec_fn=_affinity.pinner(self.cpus))
             except OSError as e:
                 raise ServerStartError(f"cannot run {self.argv[0]!r}: {e.strerror}", self.log_path) from None
-        log.info("%s started (pid %s, port %s), log %s", self.name, self.proc.pid, self.port, self.log_path)
+        log.info("%s started (pid %s, port %s%s), log %s", self.name, self.proc.pid, self.port,
+                 ", preloaded" if pre is not None else "", self.log_path)
         try:
             if self.pid_dir is not None:
                 self.pidfile = _recovery.write_pidfile(self.pid_dir, self.proc.pid, self.port, token, self.argv,

@@ -154,7 +154,8 @@ def text(timeline: dict | None) -> str:
                       for k, v in phases.items() if k != "start")
     after = ", ".join(f"{LABELS[k]} {timeline[k]:.0f}" for k in OWN if timeline.get(k) is not None)
     start = timeline.get("to_healthy")
-    head = f"start {start:.0f} s" + (f" ({inner})" if inner else "") if start is not None else "no start"
+    head = (f"start {start:.0f} s" + (" preloaded" if timeline.get("preloaded") else "")
+            + (f" ({inner})" if inner else "") if start is not None else "no start")
     return head + (f" + {after}" if after else "") + (f" = {timeline['total']:.0f} s" if timeline.get("total") else "")
 
 

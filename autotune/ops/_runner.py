@@ -60,7 +60,7 @@ from autotune.core._signals import StopState, graceful_stop, signame_of
 from autotune.core._spec import BudgetSpec, SpecError, find_spec, load_spec
 from autotune.core._store import Store, StoreError, error_line, safe_url, scrub, storage_fault
 from autotune.decide import _decision, _history, _noise, _payload
-from autotune.engines import _affinity, _recovery, _registry
+from autotune.engines import _affinity, _preload, _recovery, _registry
 from autotune.engines._engine import check_compile_cache
 from autotune.engines._probe import ProbeError
 from autotune.engines._serverlog import engine_note_lines
@@ -443,6 +443,7 @@ def _locks(req: RunRequest, spec, settings: Settings, echo: Echo):
             raise _failure(e, e.strerror) from None
         yield lock_dir
     finally:
+        _preload.POOL.close()  # the next start's preloaded process has no next start
         lock.release()
         if lead is not None:
             lead.release()

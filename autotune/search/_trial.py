@@ -20,7 +20,7 @@ from pathlib import Path
 from autotune.core import _measure
 from autotune.core._spec import StudySpec
 from autotune.core._settings import get_settings
-from autotune.engines import _affinity, _metrics, _registry, _serverlog, _startup
+from autotune.engines import _affinity, _metrics, _preload, _registry, _serverlog, _startup
 from autotune.engines._engine import ServerStartError, VllmServer, free_port
 from autotune.replay import _logprobs, _replay
 from autotune.replay._profile import ProfileRun
@@ -120,6 +120,17 @@ def equivalence_requests(spec: StudySpec, requests: list[ReplayRequest], caps=No
     return [r.greedy_copy() for r in requests if not r.greedy][:max(need, 0)]
 
 
+def preload_next(spec: StudySpec, argv0: str) -> bool:
+    """``engine.preload``: have a `vllm serve` of this spec imported for the next start
+    (``engines._preload``); whether the spec preloads."""
+    if not (spec.engine.preload and spec.engine.kind == "vllm"):
+        return False
+    settings = get_settings()
+    server_cpus, _ = _affinity.placement(settings.server_cpus, settings.client_cpus)
+    _preload.POOL.prime(argv0, {**os.environ, **spec.engine.env}, server_cpus)
+    return True
+
+
 def measure(spec: StudySpec, config: dict | None, requests: list[ReplayRequest],
             warmup: list[ReplayRequest], log_path: Path, command: list[str],
             on_server=None, extra_args: dict | None = None, pid_dir: Path | None = None,
@@ -157,9 +168,13 @@ def measure(spec: StudySpec, config: dict | None, requests: list[ReplayRequest],
     server_cpus, client_cpus = _affinity.placement(settings.server_cpus, settings.client_cpus)
     env = {**spec.engine.env, **engine.server_env(run_config, dict(spec.engine.env), Path(settings.home),
                                                   settings.vllm_compile_cache)}
+    preloads = spec.engine.preload and spec.engine.kind == "vllm"
     server = VllmServer(argv=argv, port=port, log_path=log_path, env=env,
                         start_timeout_s=spec.engine.start_timeout_s, stop_timeout_s=spec.engine.stop_timeout_s,
-                        pid_dir=pid_dir, cpus=server_cpus, **engine.server_kwargs())
+                        pid_dir=pid_dir, cpus=server_cpus,
+                        preloaded=_preload.POOL.take(argv[0], {**os.environ, **env}, server_cpus) if preloads else None,
+                        **engine.server_kwargs())
+    preloaded = server.preloaded is not None
     t0 = time.monotonic()
     tl: dict = {}  # filled as the start goes; a failure carries what it reached
     own_cpus = os.sched_getaffinity(0) if client_cpus else None  # given back after the start
@@ -167,10 +182,13 @@ def measure(spec: StudySpec, config: dict | None, requests: list[ReplayRequest],
         _affinity.pin_current_thread(client_cpus)
         if on_server:
             on_server(server)
+        preload_next(spec, argv[0])  # its imports run while this server starts, and end before it is measured
         try:
             server.start()
         except ServerStartError as e:
             raise TrialFailed(e.reason, str(e.log_path), timeline=tl) from None
+        if preloads:
+            _preload.POOL.idle()
         model = spec.served_model_name or spec.model
         try:
             t = time.monotonic()
@@ -197,6 +215,8 @@ def measure(spec: StudySpec, config: dict | None, requests: list[ReplayRequest],
         server.stop()
         tl.update(timeline(log_path, launched, healthy, time.monotonic() - t, time.monotonic() - t0,
                            engine.start_milestones))
+        if preloaded:
+            tl["preloaded"] = True
         if own_cpus:
             os.sched_setaffinity(0, own_cpus)
         if on_server:

@@ -43,6 +43,7 @@ from autotune.search._space import SearchSpace, canonical  # noqa: E402
 from autotune.core._spec import load_spec  # noqa: E402
 from autotune.search._study import reserve_requests, split_requests, window_requests  # noqa: E402
 from autotune.search import _trial  # noqa: E402
+from autotune.engines import _preload  # noqa: E402
 from autotune.search._trial import TrialFailed, measure, request_tpot  # noqa: E402
 
 # server-log lines worth keeping beside a row: how the drafter and the graphs were set up
@@ -207,6 +208,8 @@ def _main(argv=None) -> int:
     # every config's first start before any config's second: a deadline then cuts repeats, not coverage
     order = [(s, cfg) for s in range(args.starts) for cfg in configs]
     took: list[float] = []
+    if _trial.preload_next(spec, command[0]):  # engine.preload: the first start's process imported ahead too
+        _preload.POOL.idle()
     for start_no, cfg in order:
         key = canonical(cfg)
         if have.get(key, 0) > start_no:

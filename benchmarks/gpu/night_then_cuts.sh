@@ -8,9 +8,11 @@
 # a `points:` step (label cuts-ab), each begun only while a start still fits the command's LIMIT.
 # Every row keeps its timeline (where its start's seconds went); cuts_ab.py turns the rows into
 # the cut's effect on TPOT and on the start, and the nights' GPU minutes and decisions.
-#   . .gpu/setup-device.sh && bash benchmarks/gpu/night_then_cuts.sh 570
+# CUT names the cut's spec (default code-smollm2-night-fast, the fork cut; code-smollm2-night-preload: the
+# preloaded API process).
+#   . .gpu/setup-device.sh && CUT=code-smollm2-night-preload bash benchmarks/gpu/night_then_cuts.sh 570
 set -u
-LIMIT=$1; W=code-smollm2-night-fast; R=/tmp/h200
+LIMIT=$1; W=${CUT:-code-smollm2-night-fast}; R=/tmp/h200
 export PYTHONPATH=$PWD:${PYTHONPATH:-}:/tmp/atsite
 left() { echo $(( LIMIT - SECONDS )); }
 if [ ! -f $R/recommendations/$W.json ]; then
@@ -20,7 +22,7 @@ if [ ! -f $R/recommendations/$W.json ]; then
 fi
 [ -f $R/recommendations/$W.json ] || { echo "night-then-cuts: no recommendation yet"; exit 0; }
 K10='{"method":"ngram","num_speculative_tokens":10,"prompt_lookup_min":2,"prompt_lookup_max":4}'
-D=code-smollm2-night; F=code-smollm2-night-fast
+D=code-smollm2-night; F=$W
 ORDER=("$D $K10" "$F $K10" "$F $K10" "$D $K10" "$D null" "$F null" "$F null" "$D null"
        "$F $K10" "$D $K10" "$D $K10" "$F $K10" "$F null" "$D null" "$D null" "$F null")
 done_n=$(grep -c '"label": "cuts-ab"' $R/results/points.jsonl 2>/dev/null); done_n=${done_n:-0}
@@ -32,7 +34,7 @@ for ((i = done_n; i < ${#ORDER[@]}; i++)); do
   bash benchmarks/gpu/round.sh "points:$spec:cuts-ab:[$cfg]"
   [ $(( SECONDS - t )) -gt $longest ] && longest=$(( SECONDS - t ))
 done
-python3 benchmarks/gpu/cuts_ab.py $R/results/points.jsonl --trials $R/results/trials.jsonl \
+python3 benchmarks/gpu/cuts_ab.py $R/results/points.jsonl --trials $R/results/trials.jsonl --cut-workload $F \
   --json $R/results/cuts-ab.json | tee -a $R/results/round.log
 cp $R/results/cuts-ab.json "${OUT:-/tmp}"/ 2>/dev/null
 echo "night-then-cuts: done at $SECONDS s"
