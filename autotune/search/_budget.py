@@ -44,15 +44,35 @@ class Pause:
     probe); None: when the study was opened."""
 
 
+NOISE_ROUNDS = 2
+"""Confirmation rounds the search never takes for itself: the winner's own start-to-start noise
+needs two of its starts (``CONFIRM_ROUNDS``' first reason)."""
+
+
 def confirm_reserve(spec: StudySpec) -> int:
-    """Server starts the search leaves for the confirmation: ``confirm_max_starts`` rounds of
-    baseline, incumbent (when deployed) and winner, since the decision's power lies in those
-    rounds, not in one more search start; but never so many that the search cannot start the
-    baseline, the incumbent and one candidate (then ``confirm_starts`` rounds at least)."""
+    """Server starts the search leaves for the confirmation: rounds of baseline, incumbent (when
+    deployed) and winner, since the decision's power lies in those rounds, in this order of claim
+    on the budget:
+
+    1. the search's least: the baseline, the incumbent and one candidate;
+    2. ``NOISE_ROUNDS`` confirmation rounds (fewer where ``confirm_max_starts`` says so), the
+       least that measures the winner's own noise;
+    3. the start that makes the search's opening pay, where it fits beside those rounds: each
+       method's largest K is measured for the per-position counters that predict every smaller K,
+       and only a start after them uses the counters (a search left the baseline and the largest K
+       alone picks the better of two fixed points: on the generated grids below random order,
+       docs/figures/search.md);
+    4. confirmation rounds up to ``confirm_max_starts``; what is left goes to the search.
+
+    ``confirm_starts`` rounds at least, whatever the budget."""
     o = spec.objective
     sides = 3 if spec.incumbent else 2
-    room = spec.budget.max_server_starts - (sides - 1) - 1
-    return sides * max(o.confirm_starts, min(o.max_confirm_starts(), room // sides))
+    most = o.max_confirm_starts()
+    least = spec.budget.max_server_starts - (1 + bool(spec.incumbent) + 1)
+    guided = spec.budget.max_server_starts - (1 + bool(spec.incumbent) + len(spec.space.methods) + 1)
+    floor = min(most, NOISE_ROUNDS)
+    rounds = min(most, guided // sides) if guided // sides >= floor else min(most, least // sides)
+    return sides * max(o.confirm_starts, rounds)
 
 
 def plan(spec: StudySpec, methods) -> dict:
