@@ -805,7 +805,7 @@ def table(results: list[dict], seeds: int) -> str:
 
 
 BAR = 0.9
-"""The issue's target: the pick within 3% of the grid's best, or indistinguishable from it at the
+"""The target: the pick within 3% of the grid's best, or indistinguishable from it at the
 grid's own resolution, in at least this share of runs."""
 
 
@@ -1134,7 +1134,7 @@ of the grid's own resolution draws (`resolution`: each configuration's true TPOT
 mean with the standard error of its starts, at the grid's own start-to-start sd where it has repeats, the
 CPU grids included, else its noise pool's; the 2026-11-29 H200 rows, one start each and no noise drawn, tell
 every pair apart, so there it is within 3%); excess: the pick's grid TPOT over the best's; starts: at the
-pick, runoff included; the bar: "on" within 3% or tied in at least {BAR:.0%} of the runs (the issue's target).
+pick, runoff included; the bar: "on" within 3% or tied in at least {BAR:.0%} of the runs (the target).
 
 {runoff_table(results)}
 
