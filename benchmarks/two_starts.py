@@ -1,7 +1,7 @@
 """A search of two server starts: what its second start could be, on the generated and the recorded grids.
 
 A night whose budget leaves the search two starts (the baseline, then one speculative start) has no
-search: the pick is the better of the two. What should the second start be? Three rules, each
+search: its winner is the one speculative start. What should that start be? Four rules, each
 judged by the pick's share within 3% of the grid's best / within 3% or indistinguishable at the
 grid's own resolution (``grid_gen.indistinguishable`` on the generated grids, ``search.resolution``
 on the recorded ones):
@@ -12,10 +12,12 @@ on the recorded ones):
   wherever it lies, in the worst case);
 - ``random``: a speculative configuration drawn at random (random order's second start; TPE's
   second start is its first random draw, the same rule);
-- ``nominee``: the largest K, then the configuration the predictor rates fastest from its counters
-  (measured or not) confirmed against no speculation by four fresh starts each: what a study
-  would do if it confirmed a winner it never started (it does not: ``decide`` needs the winner's
-  search start).
+- ``nominee``: the largest K, then the configuration the predictor rates fastest from its counters,
+  measured or not: what a study would do if it confirmed a winner it never started (it does not:
+  ``decide`` needs the winner's search start).
+
+Each rule's winner is then confirmed against no speculation on four fresh starts each (the GPU
+night's rounds), as a study confirms its winner; the pick is the lower mean.
 
     python benchmarks/two_starts.py                 # 500 generated grids (seed 0) and every recorded grid
     python benchmarks/two_starts.py --grids 100 --draws 20
@@ -39,7 +41,7 @@ from autotune.search._space import canonical, label  # noqa: E402
 
 RULES = ("kmax", "mid", "random", "nominee")
 CONFIRM_ROUNDS = 4
-"""``nominee``: fresh starts each of the nominee and no speculation (the night spec's four rounds)."""
+"""Fresh starts each of the winner and no speculation (the GPU night's four rounds until 2026-12-07)."""
 
 
 def second_start(grid, rule: str, rng: random.Random) -> str:
@@ -58,23 +60,25 @@ def second_start(grid, rule: str, rng: random.Random) -> str:
 
 
 def pick(grid, rule: str, rng: random.Random) -> str:
-    """The pick of a two-start search under ``rule``."""
+    """The decision of a two-start search under ``rule``: its winner (the speculative start, or the
+    ``nominee``) against no speculation on ``CONFIRM_ROUNDS`` fresh starts each, as a study confirms
+    its winner; the lower mean is the pick."""
     key = second_start(grid, rule, rng)
     none, spec = grid.draw("none", rng), grid.draw(key, rng)
-    if rule != "nominee":
-        return key if spec.levels[grid.level].value < none.levels[grid.level].value else "none"
-    pred = Predictor([none, spec], grid.policy_weights, None, grid.noise_prior)
-    nominee, best = key, spec.levels[grid.level].value
-    if pred.ready:
-        for c in grid.configs:
-            if c and c["method"] == spec.config["method"] and canonical(c) != key:
-                p = pred.predict(c)
-                if p is not None and p.mean < best:
-                    nominee, best = canonical(c), p.mean
+    winner = key
+    if rule == "nominee":
+        pred = Predictor([none, spec], grid.policy_weights, None, grid.noise_prior)
+        best = spec.levels[grid.level].value
+        if pred.ready:
+            for c in grid.configs:
+                if c and c["method"] == spec.config["method"] and canonical(c) != key:
+                    p = pred.predict(c)
+                    if p is not None and p.mean < best:
+                        winner, best = canonical(c), p.mean
 
     def mean(k):
         return statistics.mean(grid.draw(k, rng).levels[grid.level].value for _ in range(CONFIRM_ROUNDS))
-    return nominee if mean(nominee) < mean("none") else "none"
+    return winner if mean(winner) < mean("none") else "none"
 
 
 def score(grids, draws: int, group, tied) -> dict:
