@@ -282,6 +282,8 @@ def main(argv=None) -> int:
                                    "confirmation's reserve (_budget.plan), instead of --budget")
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--no-docs", action="store_true", help="do not touch docs/figures/search.md")
+    ap.add_argument("--no-rows", action="store_true", help="the results file holds the per-family figures only, "
+                                                           "not each grid's row (a small file)")
     ap.add_argument("--strategies", default=",".join(STRATEGIES),
                     help="comma-separated, of %(default)s (TPE is the slow one); the docs only with all three")
     args = ap.parse_args(argv)
@@ -320,7 +322,8 @@ def main(argv=None) -> int:
     print(f"{len(rows)} generated grids x {args.seeds} seeds, {args.budget} starts ({time.monotonic() - t0:.0f} s)")
     text = table(by_family, args.budget)
     print(text)
-    Path(args.out).write_text(json.dumps({"command": command, "by_family": by_family, "rows": rows}, indent=1) + "\n")
+    Path(args.out).write_text(json.dumps({"command": command, "by_family": by_family,
+                                          **({} if args.no_rows else {"rows": rows})}, indent=1) + "\n")
     print(f"wrote {args.out}")
     if not args.no_docs and strategies == STRATEGIES:
         write_docs(text, command, args)

@@ -407,6 +407,21 @@ POWER_TARGET = 0.80
 MAX_PLAN_ROUNDS = 12
 
 
+def confirmation_power(sd_ref: float, sd_winner: float, rounds: int, deployed: bool, alpha: float) -> float:
+    """About how often ``rounds`` confirmation rounds see a true ``POWER_GAIN`` of the winner over
+    its reference (the incumbent when ``deployed``, else no speculation) at one-sided ``alpha``
+    spent over that many looks, at per-start log sds ``sd_ref`` and ``sd_winner`` (a planning
+    figure: ``_measure.detect_power``)."""
+    a = _measure.error_spending(alpha, rounds)[-1]
+    if deployed:  # incumbent: its search start and the rounds; winner: the rounds
+        df = 2 * rounds - 1
+    elif rounds < 2:
+        return 0.0
+    else:
+        df = _measure.welch_df(sd_ref ** 2 / rounds, rounds, sd_winner ** 2 / rounds, rounds - 1, cap=True)
+    return _measure.detect_power(math.log1p(POWER_GAIN), sd_ref, sd_winner, rounds, df, a)
+
+
 def _plan(c: dict, deployed: bool, alpha: float) -> dict:
     """``evidence.plan``: the looks planned, this one, the error spent so far; and about how often
     the planned rounds would see a true 20% gain at the noise expected (each class's own starts
@@ -420,17 +435,9 @@ def _plan(c: dict, deployed: bool, alpha: float) -> dict:
     ref = "speculative" if deployed else "none"
     if sd["speculative"] is None or sd[ref] is None:
         return out
-    effect = math.log1p(POWER_GAIN)
 
     def power(rounds: int) -> float:
-        a = _measure.error_spending(alpha, rounds)[-1]
-        if deployed:  # incumbent: its search start and the rounds; winner: the rounds
-            df = 2 * rounds - 1
-        elif rounds < 2:
-            return 0.0
-        else:
-            df = _measure.welch_df(sd["none"] ** 2 / rounds, rounds, sd["speculative"] ** 2 / rounds, rounds - 1, cap=True)
-        return _measure.detect_power(effect, sd[ref], sd["speculative"], rounds, df, a)
+        return confirmation_power(sd[ref], sd["speculative"], rounds, deployed, alpha)
 
     p = power(c["looks"])
     out.update(expected_sd_log={"reference": sd[ref], "winner": sd["speculative"]}, power_at_20pct=p)

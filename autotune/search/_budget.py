@@ -14,6 +14,7 @@ confirmation's rounds still fit the budget (``confirm_reserve``).
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -44,15 +45,52 @@ class Pause:
     probe); None: when the study was opened."""
 
 
+NOISE_ROUNDS = 2
+"""Confirmation rounds the search never takes for itself: the winner's own start-to-start noise
+needs two of its starts (``CONFIRM_ROUNDS``' first reason)."""
+
+
 def confirm_reserve(spec: StudySpec) -> int:
-    """Server starts the search leaves for the confirmation: ``confirm_max_starts`` rounds of
-    baseline, incumbent (when deployed) and winner, since the decision's power lies in those
-    rounds, not in one more search start; but never so many that the search cannot start the
-    baseline, the incumbent and one candidate (then ``confirm_starts`` rounds at least)."""
+    """Server starts the search leaves for the confirmation: rounds of baseline, incumbent (when
+    deployed) and winner, since the decision's power lies in those rounds, in this order of claim
+    on the budget:
+
+    1. the search's least: the baseline, the incumbent and one candidate;
+    2. ``NOISE_ROUNDS`` confirmation rounds (fewer where ``confirm_max_starts`` says so), the
+       least that measures the winner's own noise;
+    3. the start that makes the search's opening pay, where it fits beside those rounds and the
+       rounds left keep the decision's power at the spec's own start noise (``keeps_power``): each
+       method's largest K is measured for the per-position counters that predict every smaller K,
+       and only a start after them uses the counters (a search left the baseline and the largest K
+       alone picks the better of two fixed points: on the generated grids below random order,
+       docs/figures/search.md);
+    4. confirmation rounds up to ``confirm_max_starts``; what is left goes to the search.
+
+    ``confirm_starts`` rounds at least, whatever the budget."""
     o = spec.objective
     sides = 3 if spec.incumbent else 2
-    room = spec.budget.max_server_starts - (sides - 1) - 1
-    return sides * max(o.confirm_starts, min(o.max_confirm_starts(), room // sides))
+    most = o.max_confirm_starts()
+    least = spec.budget.max_server_starts - (1 + bool(spec.incumbent) + 1)
+    guided = spec.budget.max_server_starts - (1 + bool(spec.incumbent) + len(spec.space.methods) + 1)
+    rounds = min(most, least // sides)
+    if min(most, NOISE_ROUNDS) <= guided // sides < rounds and keeps_power(spec, guided // sides):
+        rounds = guided // sides
+    return sides * max(o.confirm_starts, rounds)
+
+
+def keeps_power(spec: StudySpec, rounds: int) -> bool:
+    """``rounds`` confirmation rounds see a true 20% gain in at least 80% of nights at the start
+    noise the spec expects (``objective.start_noise``; ``decide._noise.confirmation_power``, the
+    figure the decision's ``evidence.plan`` states). No figure, no claim: False."""
+    from autotune.decide._noise import POWER_TARGET, confirmation_power
+
+    sn = spec.objective.start_noise
+    if sn is None:
+        return False
+    sd_none, sd_spec = (math.log1p(sn.for_class(c).cv) for c in ("none", "speculative"))
+    alpha = (1.0 - spec.guards.confidence) / 2.0
+    deployed = bool(spec.incumbent)
+    return confirmation_power(sd_spec if deployed else sd_none, sd_spec, rounds, deployed, alpha) >= POWER_TARGET
 
 
 def plan(spec: StudySpec, methods) -> dict:
