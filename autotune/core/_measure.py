@@ -599,3 +599,24 @@ def detect_power(effect: float, sd_ref: float, sd_cand: float, n: int, df: float
 
     se = math.sqrt((sd_ref ** 2 + sd_cand ** 2) / n)
     return float(nct.sf(student_t.ppf(1.0 - alpha, df), df, effect / se))
+
+
+POWER_GAIN = 0.20
+"""the gain a confirmation is planned to see (``decide`` states its plan's power at it)"""
+POWER_TARGET = 0.80
+"""how often the planned rounds should see it"""
+
+
+def confirmation_power(sd_ref: float, sd_winner: float, rounds: int, deployed: bool, alpha: float) -> float:
+    """About how often ``rounds`` confirmation rounds see a true ``POWER_GAIN`` of the winner over
+    its reference (the incumbent when ``deployed``, else no speculation) at one-sided ``alpha``
+    spent over that many looks, at per-start log sds ``sd_ref`` and ``sd_winner`` (a planning
+    figure: ``detect_power``). The decision's plan and the budget's split read the same figure."""
+    a = error_spending(alpha, rounds)[-1]
+    if deployed:  # incumbent: its search start and the rounds; winner: the rounds
+        df = 2 * rounds - 1
+    elif rounds < 2:
+        return 0.0
+    else:
+        df = welch_df(sd_ref ** 2 / rounds, rounds, sd_winner ** 2 / rounds, rounds - 1, cap=True)
+    return detect_power(math.log1p(POWER_GAIN), sd_ref, sd_winner, rounds, df, a)

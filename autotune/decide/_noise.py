@@ -18,6 +18,7 @@ import json
 import math
 
 from autotune.core import _measure
+from autotune.core._measure import POWER_GAIN, POWER_TARGET, confirmation_power  # noqa: F401 (decide re-exports POWER_GAIN)
 from autotune.core._spec import NOISE_CLASSES
 from autotune.search._levels import measurement_objective
 from autotune.search import _runoff
@@ -402,24 +403,7 @@ def _noise_evidence(c: dict) -> dict:
             "prior_df": c["prior"].df, **_prior_check(c["own"], c["prior"]), "by_class": by_class}
 
 
-POWER_GAIN = 0.20
-POWER_TARGET = 0.80
 MAX_PLAN_ROUNDS = 12
-
-
-def confirmation_power(sd_ref: float, sd_winner: float, rounds: int, deployed: bool, alpha: float) -> float:
-    """About how often ``rounds`` confirmation rounds see a true ``POWER_GAIN`` of the winner over
-    its reference (the incumbent when ``deployed``, else no speculation) at one-sided ``alpha``
-    spent over that many looks, at per-start log sds ``sd_ref`` and ``sd_winner`` (a planning
-    figure: ``_measure.detect_power``)."""
-    a = _measure.error_spending(alpha, rounds)[-1]
-    if deployed:  # incumbent: its search start and the rounds; winner: the rounds
-        df = 2 * rounds - 1
-    elif rounds < 2:
-        return 0.0
-    else:
-        df = _measure.welch_df(sd_ref ** 2 / rounds, rounds, sd_winner ** 2 / rounds, rounds - 1, cap=True)
-    return _measure.detect_power(math.log1p(POWER_GAIN), sd_ref, sd_winner, rounds, df, a)
 
 
 def _plan(c: dict, deployed: bool, alpha: float) -> dict:

@@ -18,6 +18,7 @@ import math
 import time
 from dataclasses import dataclass
 
+from autotune.core._measure import POWER_TARGET, confirmation_power
 from autotune.core._spec import StudySpec
 from autotune.search._record import (config_key_of, config_of, died_with_its_process, role_of, server_starts_of,
                                      start_s_of)
@@ -80,10 +81,8 @@ def confirm_reserve(spec: StudySpec) -> int:
 
 def keeps_power(spec: StudySpec, rounds: int) -> bool:
     """``rounds`` confirmation rounds see a true 20% gain in at least 80% of nights at the start
-    noise the spec expects (``objective.start_noise``; ``decide._noise.confirmation_power``, the
+    noise the spec expects (``objective.start_noise``; ``core._measure.confirmation_power``, the
     figure the decision's ``evidence.plan`` states). No figure, no claim: False."""
-    from autotune.decide._noise import POWER_TARGET, confirmation_power
-
     sn = spec.objective.start_noise
     if sn is None:
         return False

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from autotune.core._cuts import unsettled_note
 from autotune.core._measure import pooled_start_noise
 from autotune.core._names import child
 from autotune.core._signals import signame_of
@@ -281,6 +282,8 @@ class Study:
         short = budget_plan(spec, space.methods)["short"]
         if short:
             self.notes.append(f"budget: {short}")
+        if spec.engine.preload and (open_cut := unsettled_note("engine.preload")):
+            self.notes.append(open_cut)
         self._dupes = 0
         self.recovered = self.recover()
         self.budget = StartBudget(spec, space, self.study, self.t0, pause)

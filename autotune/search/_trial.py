@@ -137,7 +137,7 @@ def measure(spec: StudySpec, config: dict | None, requests: list[ReplayRequest],
             equivalence: list[ReplayRequest] | None = None,
             reserve: list[ReplayRequest] | None = None,
             windows: list[tuple[list[ReplayRequest], list[ReplayRequest]]] | None = None,
-            caps=None) -> Measurement:
+            caps=None, last: bool = False) -> Measurement:
     """Run one server start. Raises TrialFailed (with vLLM's reason) when the server won't start,
     dies during the replay (``kill -9``, OOM, a crash: the trial fails, the study goes on), or
     the replay itself breaks.
@@ -150,6 +150,7 @@ def measure(spec: StudySpec, config: dict | None, requests: list[ReplayRequest],
 
     ``caps``: the probe's ``Capabilities``, for whether measured greedy outputs count
     (``batch_invariant``; the study passes its own, so this agrees with ``equivalence_requests``).
+    ``last``: no start follows, so none is preloaded (``engine.preload``).
 
     ``on_server`` is called with the running VllmServer, so a signal handler can stop it.
     ``pid_dir`` gets the server's pidfile while it runs (see ``engines._recovery``).
@@ -182,7 +183,8 @@ def measure(spec: StudySpec, config: dict | None, requests: list[ReplayRequest],
         _affinity.pin_current_thread(client_cpus)
         if on_server:
             on_server(server)
-        preload_next(spec, argv[0])  # its imports run while this server starts, and end before it is measured
+        if not last:  # the next start's imports run while this server starts, and end before it is measured
+            preload_next(spec, argv[0])
         try:
             server.start()
         except ServerStartError as e:

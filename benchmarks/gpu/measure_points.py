@@ -210,7 +210,7 @@ def _main(argv=None) -> int:
     took: list[float] = []
     if _trial.preload_next(spec, command[0]):  # engine.preload: the first start's process imported ahead too
         _preload.POOL.idle()
-    for start_no, cfg in order:
+    for i, (start_no, cfg) in enumerate(order):
         key = canonical(cfg)
         if have.get(key, 0) > start_no:
             print(f"skip (measured {have[key]}x): {key}", flush=True)
@@ -233,7 +233,8 @@ def _main(argv=None) -> int:
         try:
             m = measure(spec, cfg, search, warmup, log, command,
                         extra_args=caps.per_request_metrics_args(cfg is not None), reserve=reserve,
-                        windows=more, **({"equivalence": equivalence, "caps": caps} if args.equivalence else {}))
+                        windows=more, last=i == len(order) - 1,
+                        **({"equivalence": equivalence, "caps": caps} if args.equivalence else {}))
             row.update(ok=True, tpot=_measure.summarize(m.tpot_ms, spec.objective.statistic) if m.tpot_ms else None,
                        tpot_source=m.tpot_source, start_seconds=m.start_seconds, wall_seconds=m.wall_seconds,
                        timeline=m.timeline,

@@ -8,6 +8,7 @@
 # a `points:` step (label cuts-ab), each begun only while a start still fits the command's LIMIT.
 # Every row keeps its timeline (where its start's seconds went); cuts_ab.py turns the rows into
 # the cut's effect on TPOT and on the start, and the nights' GPU minutes and decisions.
+# NIGHT=0: the mirrored starts without the night first (where device time allows only them).
 # CUT names the cut's spec (default code-smollm2-night-fast, the fork cut; code-smollm2-night-preload: the
 # preloaded API process).
 #   . .gpu/setup-device.sh && CUT=code-smollm2-night-preload bash benchmarks/gpu/night_then_cuts.sh 570
@@ -15,18 +16,24 @@ set -u
 LIMIT=$1; W=${CUT:-code-smollm2-night-fast}; R=/tmp/h200
 export PYTHONPATH=$PWD:${PYTHONPATH:-}:/tmp/atsite
 left() { echo $(( LIMIT - SECONDS )); }
-if [ ! -f $R/recommendations/$W.json ]; then
+if [ "${NIGHT:-1}" = 0 ]; then
+  echo "night-then-cuts: NIGHT=0, the mirrored starts only"
+elif [ ! -f $R/recommendations/$W.json ]; then
   s=$(left); [ "$s" -gt 150 ] && bash benchmarks/gpu/round.sh "study:$W:$s"
   AUTOTUNE__STUDIES_DIR=benchmarks/gpu AUTOTUNE__HOME=$R/home python3 -m autotune study show $W \
     > $R/results/study-show-$W.txt 2>&1
 fi
-[ -f $R/recommendations/$W.json ] || { echo "night-then-cuts: no recommendation yet"; exit 0; }
+[ "${NIGHT:-1}" = 0 ] || [ -f $R/recommendations/$W.json ] || { echo "night-then-cuts: no recommendation yet"; exit 0; }
 K10='{"method":"ngram","num_speculative_tokens":10,"prompt_lookup_min":2,"prompt_lookup_max":4}'
 D=code-smollm2-night; F=$W
 ORDER=("$D $K10" "$F $K10" "$F $K10" "$D $K10" "$D null" "$F null" "$F null" "$D null"
        "$F $K10" "$D $K10" "$D $K10" "$F $K10" "$F null" "$D null" "$D null" "$F null")
 done_n=$(grep -c '"label": "cuts-ab"' $R/results/points.jsonl 2>/dev/null); done_n=${done_n:-0}
 longest=75
+if [ "${NIGHT:-1}" = 0 ] && ! grep -q '"label": "warm"' $R/results/points.jsonl 2>/dev/null; then
+  # no night before: one start of each configuration fills its compile cache, as the night's would
+  bash benchmarks/gpu/round.sh "points:$D:warm:[$K10,null]"
+fi
 for ((i = done_n; i < ${#ORDER[@]}; i++)); do
   read -r spec cfg <<< "${ORDER[$i]}"
   [ "$(left)" -gt $(( longest + 15 )) ] || { echo "night-then-cuts: $(left) s left, start $i not begun"; break; }
