@@ -121,7 +121,7 @@ def test_a_preloaded_process_becomes_the_server_with_the_starts_own_argv_env_and
     server = VllmServer(argv=["vllm", "serve", "m", "--port", str(port)], port=port, log_path=tmp_path / "s.log",
                         env=env, start_timeout_s=60, preloaded=taken)
     with server:
-        assert server.proc.pid == pre.proc.pid
+        assert server.proc.pid == pre.proc.pid and server.preloaded_start
         given = json.loads(out.read_text())
     # the API process is the one that imported: nothing ran twice
     assert given["pid"] == given["imported_pid"] == pre.proc.pid
@@ -190,7 +190,7 @@ def test_a_preloader_dead_before_the_hand_over_is_replaced_by_a_plain_start(fake
     port = free_port()
     with VllmServer(argv=["vllm", "serve", "m", "--port", str(port)], port=port, log_path=tmp_path / "s.log",
                     start_timeout_s=60, preloaded=taken) as server:
-        assert server.proc.pid != pre.proc.pid
+        assert server.proc.pid != pre.proc.pid and not server.preloaded_start
         assert json.loads(out.read_text())["pid"] == server.proc.pid
 
 

@@ -180,6 +180,8 @@ class VllmServer:
     """the CPUs the server and its workers run on (``AUTOTUNE__SERVER_CPUS``; None: wherever the OS puts them)."""
     preloaded: Any = None
     """a ``_preload.Preloaded`` that becomes this server instead of a new process (``engine.preload``)"""
+    preloaded_start: bool = False
+    """whether the running server is a preloaded process (a dead preloader falls back to a plain start)"""
 
     @property
     def base_url(self) -> str:
@@ -209,6 +211,7 @@ class VllmServer:
                                                  preexec_fn=_affinity.pinner(self.cpus))
             except OSError as e:
                 raise ServerStartError(f"cannot run {self.argv[0]!r}: {e.strerror}", self.log_path) from None
+        self.preloaded_start = pre is not None
         log.info("%s started (pid %s, port %s%s), log %s", self.name, self.proc.pid, self.port,
                  ", preloaded" if pre is not None else "", self.log_path)
         try:

@@ -170,12 +170,11 @@ def measure(spec: StudySpec, config: dict | None, requests: list[ReplayRequest],
     env = {**spec.engine.env, **engine.server_env(run_config, dict(spec.engine.env), Path(settings.home),
                                                   settings.vllm_compile_cache)}
     preloads = spec.engine.preload and spec.engine.kind == "vllm"
+    pre = _preload.POOL.take(argv[0], {**os.environ, **env}, server_cpus) if preloads else None
     server = VllmServer(argv=argv, port=port, log_path=log_path, env=env,
                         start_timeout_s=spec.engine.start_timeout_s, stop_timeout_s=spec.engine.stop_timeout_s,
-                        pid_dir=pid_dir, cpus=server_cpus,
-                        preloaded=_preload.POOL.take(argv[0], {**os.environ, **env}, server_cpus) if preloads else None,
+                        pid_dir=pid_dir, cpus=server_cpus, **({"preloaded": pre} if pre else {}),
                         **engine.server_kwargs())
-    preloaded = server.preloaded is not None
     t0 = time.monotonic()
     tl: dict = {}  # filled as the start goes; a failure carries what it reached
     own_cpus = os.sched_getaffinity(0) if client_cpus else None  # given back after the start
@@ -217,7 +216,7 @@ def measure(spec: StudySpec, config: dict | None, requests: list[ReplayRequest],
         server.stop()
         tl.update(timeline(log_path, launched, healthy, time.monotonic() - t, time.monotonic() - t0,
                            engine.start_milestones))
-        if preloaded:
+        if getattr(server, "preloaded_start", False):
             tl["preloaded"] = True
         if own_cpus:
             os.sched_setaffinity(0, own_cpus)
