@@ -121,9 +121,8 @@ class Preloaded:
         except (OSError, subprocess.TimeoutExpired):
             _recovery.kill_group(self.proc.pid, grace_s=2.0)
             self.proc.wait()
-        for f in (self.proc.stdout,):
-            if f and not f.closed:
-                f.close()
+        if self.proc.stdout and not self.proc.stdout.closed:
+            self.proc.stdout.close()
 
 
 def _key(python: str, script: str, env: dict[str, str], cpus) -> tuple:

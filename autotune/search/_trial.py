@@ -120,13 +120,15 @@ def equivalence_requests(spec: StudySpec, requests: list[ReplayRequest], caps=No
     return [r.greedy_copy() for r in requests if not r.greedy][:max(need, 0)]
 
 
-def preload_next(spec: StudySpec, argv0: str) -> bool:
-    """``engine.preload``: have a `vllm serve` of this spec imported for the next start
-    (``engines._preload``); whether the spec preloads."""
-    if not (spec.engine.preload and spec.engine.kind == "vllm"):
+def preload_next(spec: StudySpec, argv0: str, server_cpus=None) -> bool:
+    """``engine.preload`` (vLLM only, the spec says): have a `vllm serve` of this spec imported for
+    the next start (``engines._preload``); whether the spec preloads. ``server_cpus``: the
+    server's placement where the caller has it."""
+    if not spec.engine.preload:
         return False
-    settings = get_settings()
-    server_cpus, _ = _affinity.placement(settings.server_cpus, settings.client_cpus)
+    if server_cpus is None:
+        settings = get_settings()
+        server_cpus, _ = _affinity.placement(settings.server_cpus, settings.client_cpus)
     _preload.POOL.prime(argv0, {**os.environ, **spec.engine.env}, server_cpus)
     return True
 
@@ -169,12 +171,10 @@ def measure(spec: StudySpec, config: dict | None, requests: list[ReplayRequest],
     server_cpus, client_cpus = _affinity.placement(settings.server_cpus, settings.client_cpus)
     env = {**spec.engine.env, **engine.server_env(run_config, dict(spec.engine.env), Path(settings.home),
                                                   settings.vllm_compile_cache)}
-    preloads = spec.engine.preload and spec.engine.kind == "vllm"
-    pre = _preload.POOL.take(argv[0], {**os.environ, **env}, server_cpus) if preloads else None
+    pre = _preload.POOL.take(argv[0], {**os.environ, **env}, server_cpus) if spec.engine.preload else None
     server = VllmServer(argv=argv, port=port, log_path=log_path, env=env,
                         start_timeout_s=spec.engine.start_timeout_s, stop_timeout_s=spec.engine.stop_timeout_s,
-                        pid_dir=pid_dir, cpus=server_cpus, **({"preloaded": pre} if pre else {}),
-                        **engine.server_kwargs())
+                        pid_dir=pid_dir, cpus=server_cpus, preloaded=pre, **engine.server_kwargs())
     t0 = time.monotonic()
     tl: dict = {}  # filled as the start goes; a failure carries what it reached
     own_cpus = os.sched_getaffinity(0) if client_cpus else None  # given back after the start
@@ -183,12 +183,12 @@ def measure(spec: StudySpec, config: dict | None, requests: list[ReplayRequest],
         if on_server:
             on_server(server)
         if not last:  # the next start's imports run while this server starts, and end before it is measured
-            preload_next(spec, argv[0])
+            preload_next(spec, argv[0], server_cpus)
         try:
             server.start()
         except ServerStartError as e:
             raise TrialFailed(e.reason, str(e.log_path), timeline=tl) from None
-        if preloads:
+        if spec.engine.preload:
             _preload.POOL.idle()
         model = spec.served_model_name or spec.model
         try:
