@@ -192,9 +192,12 @@ def study_show(workload, storage, study_name, as_json) -> None:
     spent = _startup.night([t["timeline"] for t in trials if t["timeline"]])
     if as_json:
         click.echo(json.dumps({"study": names[-1], "storage": safe_url(url), "trials": trials,
-                               "seconds_by_phase": spent}, indent=2))
+                               "seconds_by_phase": spent, "carry": record.carry}, indent=2))
         return
     click.echo(f"study {names[-1]} ({safe_url(url)})")
+    if record.carry:
+        click.echo(f"  carry ({'carried' if record.carry.get('carried') else 'searched in full'}): "
+                   f"{record.carry.get('reason')}")
     nan = float("nan")
     for t in trials:
         al, tp, start = t["acceptance_length"], t["output_throughput_tok_s"], t["start_seconds"]

@@ -430,6 +430,13 @@ class ObjectiveSpec(_Model):
                                  "each cannot rank configurations a few percent apart on a noisy machine); off by "
                                  "default, since on a host whose noise is near the tolerance it spends the whole "
                                  "budget; the H200 specs turn it on (docs/benchmarks.md, round 11)")
+    carry_search: bool = Field(default=False, description="experimental, nightly runs: where tonight's starts of "
+                               "the baseline and last night's winner measure what last night's did (its gain within "
+                               "the start noise, its acceptance length within 10%), last night's search stands and "
+                               "tonight's starts go to the confirmation, which decides on fresh starts as always; "
+                               "otherwise the search runs in full (autotune/search/_carry.py)")
+    carry_max_nights: int = Field(default=6, ge=1, description="carry_search: a full search at least every this "
+                                  "many nights, so that a ranking never goes stale unseen")
     runoff_contenders: int = Field(default=RUNOFF_CONTENDERS, ge=0, description="when the search stops: at most "
                                    "this many measured configurations that could still be faster than its best "
                                    "(chance >= 20% at the search's noise) get one more start each beside the best, "

@@ -151,7 +151,8 @@ def build(study: StudyRecord, decision: Decision, outcome) -> dict:
                   "server_starts": outcome.server_starts, "interrupted_starts": outcome.interrupted_starts,
                   "wall_s": round(outcome.wall_s, 1),
                   "stopped_because": outcome.stopped_because,
-                  "dropped_methods": dict(study.dropped_methods)},
+                  "dropped_methods": dict(study.dropped_methods),
+                  **({"carry": dict(study.carry)} if study.carry else {})},
         "replay_set": {"path": str(study.replay_set.path), "digest": study.replay_set.digest,
                        "requests": len(study.replay_set.requests), "by_tag": {str(k): v for k, v in
                                                                               study.replay_set.by_tag().items()},

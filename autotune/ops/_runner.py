@@ -514,7 +514,7 @@ def search(r: _Run):
     try:
         r.st = Study(spec, r.caps, r.space, r.url, r.command, r.home, study_name=req.study_name,
                      on_event=r.on_event, store=r.store, pid_dir=r.pid_dir, warm_start=r.warm,
-                     leader=not req.worker, run_id=r.run_id,
+                     previous=r.previous if req.nightly else None, leader=not req.worker, run_id=r.run_id,
                      sampler_seed=_worker_seed(spec.seed) if req.worker else None, hardware=r.settings.hardware,
                      fidelity_check=_gate.fidelity_check, pause_after_starts=req.pause_after_starts,
                      pause_after_minutes=req.pause_after_minutes, window_began=r.began)

@@ -95,6 +95,7 @@ class StudyRecord:
     predictor: Mapping | None = None            # the predictor's stored curves, for the report
     search_best: int | None = None              # the number of the search's pick (``Study.best(search_only=True)``)
     runoff: Mapping = field(default_factory=dict)  # the search's runoff: entrants, order, or why it was skipped
+    carry: Mapping | None = None                # a nightly run's carry of last night's search (``_carry``)
 
     def trials(self, role: str | None = None, config_key: str | None = None, complete: bool = True) -> list[TrialRecord]:
         """The trials (completed ones unless ``complete`` is false), of one role or config."""
@@ -297,7 +298,8 @@ def read_study(optuna_study, **context) -> StudyRecord:
         name=optuna_study.study_name, workload=a.get("workload"),
         all_trials=tuple(trial_record(t) for t in optuna_study.get_trials(deepcopy=False)),
         hardware=a.get("hardware"), vllm_version=a.get("vllm_version"), replay_digest=a.get("replay_digest"),
-        confirm_looks=a.get("confirm_looks"), predictor=a.get("predictor"), runoff=runoff_of(optuna_study))
+        confirm_looks=a.get("confirm_looks"), predictor=a.get("predictor"), runoff=runoff_of(optuna_study),
+        carry=a.get("carry"))
     return replace(rec, **context) if context else rec
 
 

@@ -56,7 +56,7 @@ from autotune.search._record import (bands_of, claim_key_of, config_key_of, conf
                                      enqueued_claim_key, error_of, interrupted, measurement_of, repeat_asked, role_of,
                                      runoff_of, runoff_round_of, stalled)
 from autotune.search._recovery import recover_trials, trial_id
-from autotune.search import _bands, _equivalence, _nights, _observations, _predict, _runoff
+from autotune.search import _bands, _carry, _equivalence, _nights, _observations, _predict, _runoff
 from autotune.search._budget import Pause, StartBudget, confirm_reserve
 from autotune.search._budget import plan as budget_plan
 from autotune.search._confirm import Confirmation
@@ -216,9 +216,10 @@ class Study:
                  poll_s: float = 2.0, hardware: str | None = None,
                  fidelity_check: Callable[["Study"], object] | None = None,
                  pause_after_starts: int | None = None, pause_after_minutes: float | None = None,
-                 window_began: float | None = None, pause: Pause | None = None):
+                 window_began: float | None = None, pause: Pause | None = None, previous: dict | None = None):
         """``pause``: the run's pause as one value (``_budget.Pause``), or its three parts as
-        ``pause_after_starts``, ``pause_after_minutes`` and ``window_began``; not both."""
+        ``pause_after_starts``, ``pause_after_minutes`` and ``window_began``; not both. ``previous``:
+        a nightly run's current recommendation, whose study the search may carry (``carry_search``)."""
         import optuna
 
         if pause is not None and (pause_after_starts, pause_after_minutes, window_began) != (None, None, None):
@@ -234,6 +235,7 @@ class Study:
         """``trust._gate.check_study`` in a run with ``production.telemetry``: called after the incumbent's
         trial, before any search; raises to stop the study (the runner passes it in)."""
         self.warm_start = list(warm_start or [])
+        self.previous = previous
         self.notes: list[str] = []
         self._said_blocked = False
         self.replay_set = _replayset.load(spec.replay.path)
@@ -267,6 +269,8 @@ class Study:
         self.study = open_study(self.storage, self.name, sampler, hardware=self.hardware, inputs=self.inputs,
                                 workload=spec.workload, replay_digest=self.replay_set.digest,
                                 vllm_version=caps.version)
+        if leader and "search_basis" not in self.study.user_attrs:
+            self.study.set_user_attr("search_basis", _carry.search_basis(spec))
         if store is not None:
             store.record_study(self.name, spec.workload, self.fingerprint, spec.model, caps.version,
                                str(self.replay_set.path), self.replay_set.digest)
@@ -412,6 +416,49 @@ class Study:
         pooled, n = self.sampler.bands_tax
         return (f"bands tax: earlier nights measured {ratio:.2f}x over plain K ({df} schedule levels, "
                 f"{len(studies)} studies); the predictor's prior is now {pooled:.2f}x ({n} df)")
+
+    def carry_search(self) -> str | None:
+        """``objective.carry_search`` on a nightly run: when tonight's starts of the baseline and
+        last night's winner measure what last night's study did (``_carry.judge``), the reason the
+        search ends there, its starts left to the confirmation; else None, and the search runs as
+        on any night. What was judged is kept as the study's ``carry`` attribute."""
+        if not (self.spec.objective.carry_search and self.previous and self.leader) or self.paused:
+            return None
+        verdict, source, before = self._carry_verdict()
+        n = before + 1 if verdict.carried else 0
+        self.study.set_user_attr("carry", {"carried": verdict.carried, "reason": verdict.reason, "from": source,
+                                           "nights": n, **verdict.detail})
+        self.notes.append(f"carry: {verdict.reason}" + ("" if verdict.carried else "; the search runs in full"))
+        if not verdict.carried:
+            return None
+        return (f"{verdict.reason}; last night's search ({source}) is not measured again (carried night {n} of at "
+                f"most {self.spec.objective.carry_max_nights})")
+
+    def _carry_verdict(self) -> tuple[_carry.CarryVerdict, str | None, int]:
+        """The verdict on last night's study, its name, and how many nights before it carried."""
+        import optuna
+
+        prev = self.previous or {}
+        winner = ((prev.get("evidence") or {}).get("winner") or {}).get("config")
+        name, vf = (prev.get("study") or {}).get("name"), prev.get("valid_for") or {}
+        if not winner:
+            return _carry.CarryVerdict(False, "last night's recommendation names no winner"), name, 0
+        if (vf.get("hardware"), vf.get("vllm_version")) != (self.hardware, self.caps.version):
+            return _carry.CarryVerdict(False, f"last night ran on {vf.get('hardware')}, vLLM {vf.get('vllm_version')}; "
+                                              f"tonight on {self.hardware}, vLLM {self.caps.version}"), name, 0
+        if not name or name == self.name:
+            return _carry.CarryVerdict(False, "last night's study is tonight's (the same replay set): nothing to "
+                                              "carry"), name, 0
+        try:
+            old = optuna.load_study(study_name=name, storage=self.storage)
+        except KeyError:
+            return _carry.CarryVerdict(False, f"last night's study {name} is not in this storage"), name, 0
+        if old.user_attrs.get("search_basis") != self.study.user_attrs.get("search_basis"):
+            return _carry.CarryVerdict(False, f"last night's study {name} searched another space, levels or "
+                                              "statistic"), name, 0
+        last = old.user_attrs.get("carry") or {}
+        before = int(last.get("nights") or 0) if last.get("carried") else 0
+        return _carry.judge(self.spec, stored_trials(old), self.trials(), winner, nights_before=before), name, before
 
     def best(self, search_only: bool = False):
         """A trial of the best feasible measured speculative config (by the objective, the mean
@@ -773,7 +820,8 @@ class Study:
         self.fidelity = None
         if self.leader and self.spec.production.telemetry and self.fidelity_check is not None:
             self.fidelity = self.fidelity_check(self)  # no search on a replay that misses production
-        for method in self.space.methods:
+        carried = self.carry_search()
+        for method in ([] if carried else self.space.methods):
             params = self.space.params_for(method)
             if self.trials(config_key=canonical(self.space.config_from_params(params))):
                 continue
@@ -783,7 +831,7 @@ class Study:
         # objective.search: the sampler (predictor, grid, random: _sampler.CandidateSampler; tpe) drives
         # study.optimize; TPE first measures each method's acceptance knee (SearchSpace.knee_k)
         searched = isinstance(self.study.sampler, CandidateSampler)
-        for method in ([] if searched else self.space.methods):
+        for method in ([] if searched or carried else self.space.methods):
             top = self.trials(config_key=canonical(self.space.config_from_params(self.space.params_for(method))))
             rates = measurement_of(top[0])["spec_delta"].get("per_position_rates") if top else None
             knee = self.space.knee_k(method, rates or [])
@@ -791,11 +839,12 @@ class Study:
             if params and not self.trials(config_key=canonical(self.space.config_from_params(params))) \
                     and not self.budget.blocked(self.confirm_reserve()):
                 self._run_enqueued(params, ROLE_SEARCH)
-        if not self.paused and not self.budget.blocked(self.confirm_reserve()):
+        if not carried and not self.paused and not self.budget.blocked(self.confirm_reserve()):
             self.study.optimize(self.objective, catch=(TrialFailed,), callbacks=[self._callback],
                                 gc_after_trial=False)
         if not self.paused:
-            self.stopped_because = self.stopped_because or self.budget.left(self.confirm_reserve()) or "search finished"
+            self.stopped_because = carried or self.stopped_because or self.budget.left(self.confirm_reserve()) \
+                or "search finished"
             if self.stopped_because and self.leader:
                 self.study.set_user_attr("stopped_because", self.stopped_because)
             if self.leader:

@@ -126,10 +126,12 @@ def start_effect(rows: list[dict]) -> dict:
     return out
 
 
-def nights(trials: list[dict], recs: dict[str, dict]) -> dict:
+def nights(trials: list[dict], recs: dict[str, dict], by: str = "workload") -> dict:
+    """Per night (the trials' ``by`` field: their workload, or their study), its starts, GPU
+    minutes by phase and the decision of its recommendation in ``recs`` (keyed the same way)."""
     out: dict = {}
     for t in trials:
-        out.setdefault(t["workload"], []).append(t)
+        out.setdefault(t[by], []).append(t)
     res = {}
     for w, ts in out.items():
         tls = [t.get("timeline") or (t.get("user_attrs") or {}).get("timeline") for t in ts]

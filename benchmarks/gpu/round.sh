@@ -17,7 +17,8 @@
 #                               resumes), SIGINT after SECONDS as the backstop, then trials exported;
 #                               STARTS: `--pause-after-starts` for this call (at most STARTS server
 #                               starts; a method's first start is estimated at 1.5 x the study's
-#                               longest, so the first step of a study is best sized by hand)
+#                               longest, so the first step of a study is best sized by hand);
+#                               STUDY_ARGS in the environment: more options (`--nightly --study-name X`)
 #   points:WORKLOAD:LABEL:JSON  measure the speculative configs of JSON (a list) once each, in order (a
 #                               config listed twice is started twice); DEADLINE_S=N in the environment:
 #                               begin a start only when the step's longest start so far fits in N s;
@@ -98,7 +99,7 @@ for step in "$@"; do
     study)
       # the study pauses itself before a start not expected to end 20 s before the limit; SIGINT is the backstop
       timeout -s INT "$b" python3 -m autotune -v study start --workload "$a" --spec benchmarks/gpu/"$a".yaml \
-        --pause-after-minutes "$(awk "BEGIN{print ($b - 20) / 60}")" ${c:+--pause-after-starts "$c"} \
+        --pause-after-minutes "$(awk "BEGIN{print ($b - 20) / 60}")" ${c:+--pause-after-starts "$c"} ${STUDY_ARGS:-} \
         > >(tee -a $R/results/study-"$a".out) 2>&1
       log "study $a exit $?"
       export_trials; tail -20 $R/results/trials.txt ;;
