@@ -276,6 +276,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--budget", type=int, default=search.GPU_BUDGET, help="server starts the search is given")
     ap.add_argument("--repeats", action="store_true", help="ours with objective.search_repeats on")
+    ap.add_argument("--nominee", choices=("on", "off"), help="ours with objective.nominee on or off (default: the "
+                                                             "spec's default)")
     ap.add_argument("--profile", action="store_true", help="grids of two levels scored on the traffic-weighted "
                                                            "objective (generate(profile=True))")
     ap.add_argument("--spec", help="a study spec: the search gets the starts its budget leaves after the "
@@ -289,6 +291,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     strategies = tuple(x for x in args.strategies.split(",") if x)
     search.OURS["repeats"] = True if args.repeats else None
+    if args.nominee:
+        search.OURS["nominee"] = args.nominee == "on"
     if args.spec:
         from autotune.core._spec import load_spec
         from autotune.search._budget import plan
@@ -316,7 +320,8 @@ def main(argv=None) -> int:
                              for s in strategies}}
     command = (f"python benchmarks/grid_gen.py --grids {args.grids} --seeds {args.seeds} "
                + (f"--spec {args.spec}" if args.spec else f"--budget {args.budget}") + f" --seed {args.seed}"
-               + (" --profile" if args.profile else "") + (" --repeats" if args.repeats else ""))
+               + (" --profile" if args.profile else "") + (" --repeats" if args.repeats else "")
+               + (f" --nominee {args.nominee}" if args.nominee else ""))
     if strategies != STRATEGIES:
         command += f" --strategies {','.join(strategies)}"
     print(f"{len(rows)} generated grids x {args.seeds} seeds, {args.budget} starts ({time.monotonic() - t0:.0f} s)")

@@ -45,8 +45,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from autotune.core import _measure
-from autotune.core._spec import RUNOFF_CONTENDERS, SEARCH_TOLERANCE  # noqa: E402
-from autotune.search import _observations, _policy, _predict, _runoff  # noqa: E402
+from autotune.core._spec import RUNOFF_CONTENDERS, SEARCH_TOLERANCE, ObjectiveSpec  # noqa: E402
+from autotune.search import _nominee, _observations, _policy, _predict, _runoff  # noqa: E402
 from autotune.search._observations import LevelObs, Observation, k_of  # noqa: E402
 from autotune.search._space import NGRAM_METHODS, canonical, label  # noqa: E402
 
@@ -423,6 +423,8 @@ class Trace:
     """The runoff's winner (``_runoff.winner``), when one ran; else the pick is ``incumbent``."""
     runoff: int = 0
     """Starts the runoff made."""
+    nominee: str | None = None
+    """The predictor's nominee (``_nominee``), never started: the pick, as a study confirms it in place of its best."""
 
     def add(self, key: str, obs: Observation, level: int) -> None:
         self.keys.append(key)
@@ -443,10 +445,10 @@ class Trace:
 
 
 OURS = {"budget": None, "min_gain": SEARCH_TOLERANCE, "repeats": None, "runoff": RUNOFF_CONTENDERS,
-        "runoff_chance": _runoff.RUNOFF_CHANCE}
+        "runoff_chance": _runoff.RUNOFF_CHANCE, "nominee": ObjectiveSpec.model_fields["nominee"].default}
 """How ``ours`` runs, as a study with the spec's defaults (``objective.search_tolerance``,
-``search_repeats``): ``--budget``, ``--min-gain``, ``--repeats`` change it. The H200 grids run
-with ``GPU_BUDGET`` unless ``--budget`` says otherwise."""
+``search_repeats``, ``nominee``): ``--budget``, ``--min-gain``, ``--repeats``, ``--nominee`` change it.
+The H200 grids run with ``GPU_BUDGET`` unless ``--budget`` says otherwise."""
 GPU_BUDGET = 6
 """The issue's GPU setting: at most 6 server starts (a study with ``budget.max_trials: 6``),
 then the pick."""
@@ -454,7 +456,9 @@ then the pick."""
 
 def run_ours(grid: Grid, rng: random.Random, runoff: int | None = None) -> Trace:
     """The predictor's search, then the runoff (``_runoff``, the study's code: at most ``runoff``
-    contenders, ``OURS['runoff']`` by default; 0: off), its starts within the same budget."""
+    contenders, ``OURS['runoff']`` by default; 0: off), its starts within the same budget, then
+    with ``OURS['nominee']``, where the budget ended the search, the predictor's nominee
+    (``_nominee.nominate``, the study's code) as the pick."""
     tr = Trace()
     obs: list[Observation] = []
     cands = [c for c in grid.configs if c]
@@ -493,6 +497,10 @@ def run_ours(grid: Grid, rng: random.Random, runoff: int | None = None) -> Trace
         # speculation); the search's pick stays no speculation where that measured faster
         base = [v for k, v in zip(tr.keys, tr.values) if k == "none"]
         tr.pick = won if not base or statistics.mean(starts[won]) <= statistics.mean(base) else "none"
+    if OURS["nominee"] and tr.stopped_at is None:  # the budget ended the search, not the predictor
+        nom = _nominee.nominate(obs, cands, weights=grid.policy_weights, noise_prior=grid.noise_prior)
+        if nom is not None:
+            tr.nominee = tr.pick = nom.key
     return tr
 
 
@@ -1176,7 +1184,12 @@ def main(argv=None) -> int:
                          "(unless --out) and, on every grid without --no-docs, the runoff section of the docs")
     ap.add_argument("--repeats", choices=("on", "off"),
                     help="ours: may start a measured configuration again (default: as the grid's spec says)")
+    ap.add_argument("--nominee", choices=("on", "off"),
+                    help="ours: the predictor's nominee as the pick where the budget ends the search "
+                         "(objective.nominee; default: the spec's default)")
     args = ap.parse_args(argv)
+    if args.nominee:
+        OURS["nominee"] = args.nominee == "on"
     OURS.update(runoff=args.runoff, runoff_chance=args.runoff_chance)
     OURS.update(budget=args.budget, min_gain=args.min_gain or None,
                 repeats=None if args.repeats is None else args.repeats == "on")

@@ -12,20 +12,23 @@ on the recorded ones):
   wherever it lies, in the worst case);
 - ``random``: a speculative configuration drawn at random (random order's second start; TPE's
   second start is its first random draw, the same rule);
-- ``nominee``: the largest K, then the configuration the predictor rates fastest from its counters,
-  measured or not: what a study would do if it confirmed a winner it never started (it does not:
-  ``decide`` needs the winner's search start).
+- ``nominee``: the study's own path with ``objective.nominee`` on (``search.run_ours`` at two
+  starts: the largest K, then ``_nominee.nominate``): the winner is the unmeasured configuration the
+  predictor rates fastest among those more likely than not (``_nominee.P_NOMINEE``) faster than the
+  best measured start, else the largest K.
 
 Each rule's winner is then confirmed against no speculation on four fresh starts each (the GPU
 night's rounds), as a study confirms its winner; the pick is the lower mean.
 
-    python benchmarks/two_starts.py                 # 500 generated grids (seed 0) and every recorded grid
-    python benchmarks/two_starts.py --grids 100 --draws 20
+    python benchmarks/two_starts.py                 # 500 generated grids (seed 0) and every recorded grid;
+                                                    # writes benchmarks/results/two-starts.json
+    python benchmarks/two_starts.py --grids 100 --draws 20 --out /tmp/two.json
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import statistics
 import sys
@@ -35,10 +38,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import search  # noqa: E402
 from autotune.search._observations import k_of  # noqa: E402
-from autotune.search._predict import Predictor  # noqa: E402
-from autotune.search._space import canonical, label  # noqa: E402
+from autotune.search._space import NONE, canonical, label  # noqa: E402
 
+RESULTS = ROOT / "benchmarks" / "results" / "two-starts.json"
 RULES = ("kmax", "mid", "random", "nominee")
 CONFIRM_ROUNDS = 4
 """Fresh starts each of the winner and no speculation (the GPU night's four rounds until 2026-12-07)."""
@@ -63,18 +67,17 @@ def pick(grid, rule: str, rng: random.Random) -> str:
     """The decision of a two-start search under ``rule``: its winner (the speculative start, or the
     ``nominee``) against no speculation on ``CONFIRM_ROUNDS`` fresh starts each, as a study confirms
     its winner; the lower mean is the pick."""
-    key = second_start(grid, rule, rng)
-    none, spec = grid.draw("none", rng), grid.draw(key, rng)
-    winner = key
-    if rule == "nominee":
-        pred = Predictor([none, spec], grid.policy_weights, None, grid.noise_prior)
-        best = spec.levels[grid.level].value
-        if pred.ready:
-            for c in grid.configs:
-                if c and c["method"] == spec.config["method"] and canonical(c) != key:
-                    p = pred.predict(c)
-                    if p is not None and p.mean < best:
-                        winner, best = canonical(c), p.mean
+    if rule == "nominee":  # the study's own search at two starts, and its nominee
+        saved = dict(search.OURS)
+        search.OURS.update(budget=2, nominee=True)
+        try:
+            tr = search.run_ours(grid, rng)
+        finally:
+            search.OURS.update(saved)
+        winner = tr.nominee or next(k for k in tr.keys if k != NONE)
+    else:
+        winner = second_start(grid, rule, rng)
+        grid.draw("none", rng), grid.draw(winner, rng)  # the two search starts
 
     def mean(k):
         return statistics.mean(grid.draw(k, rng).levels[grid.level].value for _ in range(CONFIRM_ROUNDS))
@@ -106,12 +109,12 @@ def table(title: str, figures: dict) -> str:
 
 def main(argv=None) -> int:
     import grid_gen
-    import search
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--grids", type=int, default=500)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--draws", type=int, default=10, help="searches per grid and rule")
+    ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args(argv)
     gen = grid_gen.generate(args.grids, args.seed)
     caches: dict = {}
@@ -129,6 +132,15 @@ def main(argv=None) -> int:
     rec = score(recorded, args.draws, lambda g: "GPU grids" if search.is_gpu(g) else "CPU grids", rec_tied)
     print()
     print(table("recorded", rec))
+
+    def shares(figs):
+        return {grp: {r: {"within_3pct": v[0], "indistinguishable": v[1], "grids": v[2]} for r, v in rules.items()}
+                for grp, rules in figs.items()}
+    Path(args.out).write_text(json.dumps({
+        "command": f"python benchmarks/two_starts.py --grids {args.grids} --seed {args.seed} --draws {args.draws}",
+        "confirm_rounds": CONFIRM_ROUNDS, "generated": shares({f: figures[f] for f in order if f in figures}),
+        "recorded": shares(rec)}, indent=1) + "\n")
+    print(f"wrote {args.out}")
     return 0
 
 

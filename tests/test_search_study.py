@@ -4,6 +4,7 @@ engine in place of ``vllm serve``: the predictor's wiring, the band trials and t
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 
 import optuna
@@ -575,3 +576,123 @@ def test_no_runoff_where_the_search_s_best_is_slower_than_no_speculation(tmp_pat
     study.run()
     assert "runoff" not in study.study.user_attrs
     assert not [t for t in study.trials() if "runoff_round" in t.user_attrs]
+
+
+KNEE = [0.9, 0.8, 0.7, 0.05, 0.03, 0.02, 0.01, 0.01]
+"""Acceptance that falls off after the third position: K=3 is the grid's best, K=8 (the search's
+opening) pays for five positions that are almost never accepted."""
+
+
+def _two_start_study(tmp_path, monkeypatch, measure=None, **objective):
+    """A budget of 10 server starts, 8 kept for four confirmation rounds: the search gets two (no
+    speculation, K=8), and with ``objective.nominee`` the predictor's nominee is confirmed."""
+    from autotune.decide import _decision
+
+    spec = make_spec(tmp_path, budget={"max_trials": 12, "max_server_starts": 10, "max_wall_minutes": 10},
+                     objective=objective)
+    caps = Capabilities(version="0.32.0", methods=["ngram"], fields=FIELDS, arctic_inference=False)
+    fm = measure or fake_measure(Workload(rates=KNEE))
+    monkeypatch.setattr(_study, "measure", fm)
+    study = _study.Study(spec, caps, SearchSpace.build(spec.space, caps), spec.storage, ["vllm", "serve"],
+                         tmp_path / "home")
+    study.confirm_open = lambda: _decision.open_question(study_record(study))
+    outcome = study.run()
+    return study, outcome
+
+
+def _k(key):
+    return 0 if key == NONE else json.loads(key)["num_speculative_tokens"]
+
+
+def test_a_two_start_search_confirms_the_predictors_nominee_and_the_file_says_it_was_not_searched(
+        tmp_path, monkeypatch):
+    from autotune.decide import _payload, decide
+
+    w = Workload(rates=KNEE)
+    assert min(range(1, 9), key=lambda k: w.tpot(ngram(k), 4)) == 3
+    study, outcome = _two_start_study(tmp_path, monkeypatch, nominee=True)
+    searched = [_k(t.user_attrs["config_key"]) for t in study.trials() if t.user_attrs["role"] != "confirm"]
+    assert searched == [0, 8] and outcome.stopped_because.startswith("server-start budget (10) reached")
+    plan = study.study.user_attrs["nominee"]
+    assert _k(plan["config_key"]) == 3 and _k(plan["best_key"]) == 8 and plan["p_beat"] >= 0.5
+    assert plan["predicted_tpot_ms"] < plan["best_tpot_ms"]
+    confirm = study.trials(role="confirm")
+    assert {_k(t.user_attrs["config_key"]) for t in confirm} == {0, 3}  # the nominee, never K=8
+    assert all(t.user_attrs.get("nominated") for t in confirm if t.user_attrs["config_key"] != NONE)
+    d = decide(study_record(study))
+    assert d.decision == "change" and d.winner["num_speculative_tokens"] == 3
+    nom = d.evidence["nominee"]
+    assert nom["searched"] is False and nom["confirmed"] is True and "dropped" not in nom
+    lo, hi = nom["predicted_ci"]
+    assert lo < nom["predicted_tpot_ms"] < hi and nom["instead_of"]["config"]["num_speculative_tokens"] == 8
+    assert nom["p_faster"] >= 0.5 and nom["predicted_tpot_ms"] < nom["than"]["tpot_ms"]
+    assert "ngram K=3 w=1-4 was nominated by the predictor, not searched: predicted" in d.reason
+    assert d.evidence["starts"]["winner"] == len([t for t in confirm if t.user_attrs["config_key"] != NONE]) >= 2
+    assert any(line.startswith("nominee: ngram K=3 w=1-4 was nominated by the predictor, not searched")
+               for line in _payload.comparison_lines(d.evidence))
+    monkeypatch.setenv("AUTOTUNE__STUDIES_DIR", str(tmp_path))
+    out = CliRunner().invoke(main, ["study", "show", "syn", "--study-name", study.name], catch_exceptions=False).output
+    assert "nominee: ngram K=3 w=1-4 was nominated by the predictor" in out
+    assert "in place of the search's best ngram K=8 w=1-4" in out and "dropped" not in out
+    starts = study.server_starts()
+    study.confirm()  # a resumed run confirms the same nominee, and starts nothing again
+    assert study.server_starts() == starts and study.study.user_attrs["nominee"] == plan
+
+
+def test_without_the_nominee_or_where_the_predictor_stopped_the_search_nothing_changes(tmp_path, monkeypatch):
+    off = tmp_path / "off"
+    off.mkdir()
+    study, _ = _two_start_study(off, monkeypatch)  # objective.nominee off (the default)
+    assert "nominee" not in study.study.user_attrs
+    assert {_k(t.user_attrs["config_key"]) for t in study.trials(role="confirm")} == {0, 8}
+    assert "nominee" not in decide_evidence(study)
+    # a budget the search does not run out of: the predictor stops it, and confirms what it measured
+    roomy = tmp_path / "roomy"
+    roomy.mkdir()
+    spec = make_spec(roomy, objective={"nominee": True})
+    study, outcome, _ = run_study(roomy, monkeypatch, Workload(rates=KNEE), spec)
+    assert outcome.stopped_because.startswith("predictor:") and "nominee" not in study.study.user_attrs
+    winner = study.best(search_only=True).user_attrs["config_key"]
+    assert {t.user_attrs["config_key"] for t in study.trials(role="confirm")} == {NONE, winner}
+
+
+def decide_evidence(study) -> dict:
+    from autotune.decide import decide
+
+    return decide(study_record(study)).evidence
+
+
+@pytest.mark.parametrize("how", ["guard", "refused"])
+def test_a_nominee_that_fails_a_guard_is_dropped_and_never_recommended(tmp_path, monkeypatch, how):
+    """The nominee's first confirmation start fails a guard (failed requests), or the engine refuses
+    it: it is dropped, the search's best (K=8) is confirmed on the rounds left, and the file says why."""
+    from autotune.decide import decide
+    from autotune.search._trial import TrialFailed
+
+    inner = fake_measure(Workload(rates=KNEE))
+
+    def measure(spec, config, *a, **kw):
+        if config and config["num_speculative_tokens"] == 3:
+            if how == "refused":
+                raise TrialFailed("vllm serve exited with code 1 before it was healthy")
+            m = inner(spec, config, *a, **kw)
+            m.summary["failed"] = 3
+            return m
+        return inner(spec, config, *a, **kw)
+
+    study, _ = _two_start_study(tmp_path, monkeypatch, measure=measure, nominee=True)
+    plan = study.study.user_attrs["nominee"]
+    assert _k(plan["config_key"]) == 3
+    assert plan["dropped"] == ("its confirmation start failed the guard failed_requests" if how == "guard" else
+                               "its confirmation start failed: vllm serve exited with code 1 before it was healthy")
+    assert any(n.startswith("nominee: ngram K=3 w=1-4 dropped") for n in study.notes)
+    nominee_starts = [t for t in study.study.get_trials() if t.user_attrs.get("nominated")]
+    assert len(nominee_starts) == 1  # screened on its first start, never started again
+    k8 = [t for t in study.trials(role="confirm") if _k(t.user_attrs["config_key"]) == 8]
+    assert len(k8) >= 2 and study.budget_starts() <= 10
+    d = decide(study_record(study))
+    assert d.winner is None or d.winner["num_speculative_tokens"] == 8
+    assert d.evidence["winner"]["config"]["num_speculative_tokens"] == 8
+    nom = d.evidence["nominee"]
+    assert nom["confirmed"] is False and nom["dropped"] == plan["dropped"]
+    assert f"in place of the search's best ngram K=8 w=1-4; dropped, {plan['dropped']}" in d.reason

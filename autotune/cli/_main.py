@@ -165,6 +165,7 @@ def study_list(storage, as_json) -> None:
 def study_show(workload, storage, study_name, as_json) -> None:
     """The trials of WORKLOAD's latest study, with their measurements. Exit 3 when the database
     cannot be read."""
+    from autotune.search import _nominee
     from autotune.search._record import read_study
     from autotune.search._space import label
     from autotune.search._trial import noise_text
@@ -190,9 +191,11 @@ def study_show(workload, storage, study_name, as_json) -> None:
                        "start_seconds": m.get("start_seconds"), "noise": noise_text(t.noise_attrs()) or None,
                        "error": t.error, "timeline": dict(t.timeline) or None})
     spent = _startup.night([t["timeline"] for t in trials if t["timeline"]])
+    nominee = {k: v for k, v in record.nominee.items() if k != "params"}
     if as_json:
         click.echo(json.dumps({"study": names[-1], "storage": safe_url(url), "trials": trials,
-                               "seconds_by_phase": spent, "carry": record.carry}, indent=2))
+                               "seconds_by_phase": spent, **({"nominee": nominee} if nominee else {}),
+                               "carry": record.carry}, indent=2))
         return
     click.echo(f"study {names[-1]} ({safe_url(url)})")
     if record.carry:
@@ -210,6 +213,8 @@ def study_show(workload, storage, study_name, as_json) -> None:
                    + (f"  error: {t['error'][:100]}" if t["error"] else ""))
         if t["timeline"]:
             click.echo(f"    time: {_startup.text(t['timeline'])}")
+    if nominee:
+        click.echo(f"nominee: {_nominee.text(nominee)}")
     if spent:
         click.echo(f"where the time went: {_startup.night_text(spent)}")
 

@@ -443,6 +443,12 @@ class ObjectiveSpec(_Model):
                                    "in a random order, and the winner that goes into confirmation is chosen like "
                                    "with like (the same number of first starts each); the starts come out of the "
                                    "search's budget, the confirmation's reserve kept; 0: off (docs/decisions.md)")
+    nominee: bool = Field(default=False, description="experimental, predictor: when the budget ends the search "
+                          "and the predictor rates a configuration never started more likely than not faster than "
+                          "the best measured one, the confirmation confirms that nominee instead of the search's "
+                          "best (a budget that leaves the search two starts: docs/figures/search.md); a nominee "
+                          "whose confirmation start fails a guard is dropped for the search's best; off by "
+                          "default, since where the largest K is best a wrong prediction can displace it")
 
     @field_validator("statistic")
     @classmethod

@@ -14,6 +14,7 @@ A pure function of the study's record (``search.StudyRecord``): a test builds on
 from __future__ import annotations
 
 import datetime as dt
+import json
 from dataclasses import dataclass
 
 from autotune.core import _measure
@@ -21,7 +22,7 @@ from autotune.decide import _guards
 from autotune.decide._noise import (FUTILITY_POWER as FUTILITY, LIKELY_FASTER, PRECISION, _ci, _comparisons, _fmt_ci,
                                     _label, _noise_evidence, _plan, _precise, contenders, futility, indistinguishable,
                                     runoff_evidence)
-from autotune.search import _equivalence
+from autotune.search import _equivalence, _nominee
 from autotune.search._levels import profile_groups
 from autotune.search._record import StudyRecord
 from autotune.search._space import NONE, canonical, label
@@ -97,6 +98,10 @@ def decide(study: StudyRecord, history: list[dict] | None = None) -> Decision:
     their own studies' start-to-start variance is pooled into tonight's (same model, vLLM,
     concurrency and statistic; the last ``HISTORY_NIGHTS``)."""
     d = _decide(study, history)
+    nom = nominee_evidence(study)
+    if nom:
+        d.evidence["nominee"] = nom
+        d.reason += f"; {nom['text']} (evidence.nominee)"
     likely = d.evidence.get("likely_faster")
     if likely:
         d.evidence["warning"] = likely_faster_warning(d.evidence.get("winner", {}).get("config"), likely)
@@ -116,6 +121,28 @@ def decide(study: StudyRecord, history: list[dict] | None = None) -> Decision:
     return Decision("keep", why + ("; keep serving without speculation" if incumbent_key == NONE
                                    else "; keep the deployed config"),
                     study.spec.incumbent if incumbent_key != NONE else None, d.evidence)
+
+
+def nominee_evidence(study: StudyRecord) -> dict | None:
+    """``evidence.nominee``: the configuration the predictor nominated in place of the search's best
+    (``search._nominee``), never a search start: its predicted TPOT and 90% interval, how likely it
+    was faster than the best measured start (``than``), the search's best whose place it took
+    (``instead_of``), whether the confirmation confirmed it (``confirmed``) or a guard dropped it
+    (``dropped``), and all of it in words (``text``). None without a nominee."""
+    n = study.nominee or {}
+    if not n.get("config_key"):
+        return None
+    inst = n.get("instead_of") or {}
+    out = {"config": n.get("config"), "label": n.get("label"), "searched": False,
+           "predicted_tpot_ms": n.get("predicted_tpot_ms"), "predicted_ci": n.get("predicted_ci"),
+           "p_faster": n.get("p_beat"), "margin": n.get("margin"), "basis": n.get("basis"),
+           "than": {"label": n.get("best_label"), "tpot_ms": n.get("best_tpot_ms")},
+           "instead_of": {"config": json.loads(inst["config_key"]) if inst.get("config_key") not in (None, NONE)
+                          else None, "label": inst.get("label"), "tpot_ms": inst.get("tpot_ms")},
+           "confirmed": study.nominated() is not None, "text": _nominee.text(n)}
+    if n.get("dropped"):
+        out["dropped"] = n["dropped"]
+    return out
 
 
 def _beyond_text(x: dict) -> str:
@@ -190,7 +217,7 @@ def _decide(study: StudyRecord, history: list[dict] | None = None) -> Decision:
     deployed = inc_key != NONE
     gain = spec.objective.min_gain or 0.0
     baseline = study.trials(config_key=NONE)
-    best = study.best()  # the search's pick; a fast confirmation start never re-picks
+    best = study.best()  # the search's pick, or the predictor's nominee; a fast confirmation start never re-picks
     c = _comparisons(study, history, best)
     conf_info = study.confirmation or {}
     evidence: dict = {

@@ -89,6 +89,8 @@ def comparison_lines(ev: dict) -> list[str]:
         out.append(f"runoff: {', '.join(ro.get('order') or ro['entrants'])} one more start each; like with like "
                    f"(the first {ro['starts_each']} search starts of each) " + ", ".join(
                        f"{k} {v:.2f} ms" for k, v in ro["tpot_ms"].items()) + f": {ro['winner']} went on to confirmation")
+    if (ev.get("nominee") or {}).get("text"):
+        out.append(f"nominee: {ev['nominee']['text']}")
     if "indistinguishable" in ev:
         if ev["indistinguishable"]:
             out.append("could not tell apart from: " + ", ".join(

@@ -29,7 +29,8 @@ from __future__ import annotations
 import random
 from typing import Callable, Sequence, TypeVar
 
-from autotune.search._record import bands_of, claim_key_of, config_key_of, confirm_looks_of
+from autotune.search._record import (bands_of, claim_key_of, config_key_of, confirm_looks_of, error_of, interrupted,
+                                     role_of)
 from autotune.search._space import NONE, canonical
 from autotune.search._trials import ROLE_CONFIRM
 
@@ -63,11 +64,12 @@ class Confirmation:
         self.record: dict = {}
         """What ran, and why a round did not (``Study.confirmation``), for the decision to state."""
 
-    def sides(self, study, best) -> list[tuple[dict, str, dict | None]]:
+    def sides(self, study, best, nominee: dict | None = None) -> list[tuple[dict, str, dict | None]]:
         """(Optuna params, config key, more user attributes) of each side a round starts, in order:
-        the baseline, the incumbent when it is deployed and not ``best``, and ``best`` (the
-        search's winner, with its band schedule)."""
-        wkey = config_key_of(best)
+        the baseline, the incumbent when it is deployed and not the winner, and the winner: the
+        predictor's ``nominee`` (``_nominee``, its stored plan) where there is one, else ``best``
+        (the search's winner, with its band schedule)."""
+        wkey = nominee["config_key"] if nominee else config_key_of(best)
         sides = [({"method": NONE}, NONE, None)]
         inc = study.spec.incumbent
         if inc and canonical(inc) != wkey:
@@ -76,9 +78,30 @@ class Confirmation:
                 study.notes.append(f"the incumbent {canonical(inc)} cannot be confirmed: outside tonight's space")
             else:
                 sides.append((params, canonical(inc), None))
+        if nominee:
+            sides.append((dict(nominee["params"]), wkey, {"nominated": True}))
+            return sides
         bands = bands_of(best)
         sides.append((dict(best.params), wkey, {"bands": bands} if bands else None))
         return sides
+
+    def nominee(self, study) -> dict | None:
+        """The predictor's nominee still in the running (``study.nominate()``), or None: none, or
+        one dropped; a nominee a confirmation start of which failed a guard, or that the engine
+        refused, is dropped here (stored, noted) and the search's best is confirmed instead."""
+        plan = study.nominate() if hasattr(study, "nominate") else None
+        if not plan or plan.get("dropped"):
+            return None
+        why = screen([t for t in study.study.get_trials(deepcopy=False)
+                      if config_key_of(t) == plan["config_key"] and role_of(t) == ROLE_CONFIRM])
+        if why is None:
+            return plan
+        plan = {**plan, "dropped": why}
+        if study.leader:
+            study.study.set_user_attr("nominee", plan)
+        study.notes.append(f"nominee: {plan['label']} dropped, {why}; the search's best "
+                           f"{(plan.get('instead_of') or {}).get('label')} is confirmed instead")
+        return None
 
     def looks(self, study, sides: int) -> int:
         """The looks the budget allows ``sides`` sides, fixed before the first confirmation start
@@ -109,7 +132,11 @@ class Confirmation:
         if n == 0:
             self.record["skipped"] = "objective.confirm_starts is 0"
             return
-        sides = self.sides(study, best)
+        nominee = self.nominee(study)
+        stored = study.nominate() if hasattr(study, "nominate") else None
+        if stored:
+            self.record["nominee"] = {k: v for k, v in stored.items() if k != "params"}
+        sides = self.sides(study, best, nominee)
         looks = self.looks(study, len(sides))
         self.record["looks"] = looks
         most = max(n, min(most, looks))  # confirm_starts rounds are tried whatever the budget (and say so)
@@ -137,4 +164,20 @@ class Confirmation:
                     return
                 study._run_enqueued(params, ROLE_CONFIRM, claim_key=slot,
                                     attrs={**(attrs or {}), "confirm_round": i, "confirm_position": pos})
+                if nominee and key == nominee["config_key"] and self.nominee(study) is None:
+                    return self.run(study)  # dropped: the search's best takes its place, the rounds go on
             self.record["rounds"] = i + 1
+
+
+def screen(trials) -> str | None:
+    """Why a nominee's confirmation starts rule it out, or None: the engine refused or crashed on
+    it (an interrupted start is retried, not held against it), or a start failed a guard (the
+    trial's constraints: failed requests, greedy equivalence, the throughput floor, a band schedule
+    that did not take effect)."""
+    for t in sorted(trials, key=lambda t: t.number):
+        if t.state.name == "FAIL" and error_of(t) and not interrupted(t):
+            return f"its confirmation start failed: {error_of(t)[:200]}"
+        bad = [name for name, c in (getattr(t, "constraints", None) or {}).items() if c > 0]
+        if t.state.name == "COMPLETE" and bad:
+            return f"its confirmation start failed the guard{'s' * (len(bad) > 1)} {', '.join(bad)}"
+    return None

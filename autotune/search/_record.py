@@ -95,6 +95,7 @@ class StudyRecord:
     predictor: Mapping | None = None            # the predictor's stored curves, for the report
     search_best: int | None = None              # the number of the search's pick (``Study.best(search_only=True)``)
     runoff: Mapping = field(default_factory=dict)  # the search's runoff: entrants, order, or why it was skipped
+    nominee: Mapping = field(default_factory=dict)  # the predictor's nominee the confirmation confirmed (``_nominee``)
     carry: Mapping | None = None                # a nightly run's carry of last night's search (``_carry``)
 
     def trials(self, role: str | None = None, config_key: str | None = None, complete: bool = True) -> list[TrialRecord]:
@@ -104,9 +105,24 @@ class StudyRecord:
                 and (not config_key or t.config_key == config_key)]
 
     def best(self) -> TrialRecord | None:
-        """The trial the search picked (None: no feasible speculative config was measured)."""
+        """The winner the confirmation confirmed, the one the decision judges: the trial the search
+        picked (None: no feasible speculative config was measured), or, where the predictor's
+        nominee was confirmed in its place (``nominated``), the nominee's first confirmation start,
+        or before it has one a record of the configuration alone (``NOMINATED``, no start)."""
+        key = self.nominated()
+        if key is not None:
+            started = [t for t in self.all_trials if t.config_key == key and t.role == "confirm"
+                       and t.state == "COMPLETE"]
+            return started[0] if started else TrialRecord(number=-1, state="NOMINATED", config=self.nominee.get("config"),
+                                                          config_key=key)
         return next((t for t in self.all_trials if t.number == self.search_best), None) \
             if self.search_best is not None else None
+
+    def nominated(self) -> str | None:
+        """The config key of the predictor's nominee where the confirmation confirms it in place
+        of the search's pick (None: no nominee, or one dropped for a guard)."""
+        n = self.nominee or {}
+        return n.get("config_key") if n.get("config_key") and not n.get("dropped") else None
 
 
 # ---- one attribute of a stored trial (frozen or live): the glue's reads, where a whole record per
@@ -261,6 +277,18 @@ def runoff_of(s) -> dict:
     return s.user_attrs.get("runoff") or {}
 
 
+def nominee_of(s) -> dict:
+    """The predictor's nominee as the study stored it (``Study.nominate``): the configuration, its
+    prediction, the search's best it displaced, and ``dropped`` once a guard ruled it out; {} when
+    none was nominated."""
+    return s.user_attrs.get("nominee") or {}
+
+
+def sampler_stop_of(t) -> str | None:
+    """Why the search's sampler stopped the search, on the trial that received its stop (None: not one)."""
+    return t.user_attrs.get("stop")
+
+
 def runoff_round_of(t) -> int | None:
     """The runoff round of a start of the search's runoff (None: not one)."""
     r = t.user_attrs.get("runoff_round")
@@ -299,7 +327,7 @@ def read_study(optuna_study, **context) -> StudyRecord:
         all_trials=tuple(trial_record(t) for t in optuna_study.get_trials(deepcopy=False)),
         hardware=a.get("hardware"), vllm_version=a.get("vllm_version"), replay_digest=a.get("replay_digest"),
         confirm_looks=a.get("confirm_looks"), predictor=a.get("predictor"), runoff=runoff_of(optuna_study),
-        carry=a.get("carry"))
+        nominee=nominee_of(optuna_study), carry=a.get("carry"))
     return replace(rec, **context) if context else rec
 
 

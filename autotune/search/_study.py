@@ -20,7 +20,10 @@ Order of work, spending server starts on purpose:
    noise) get one more start each, in a drawn order, within the search's budget; the winner that
    goes into confirmation is the best of them like with like (the mean log of the same number of
    first starts each), since one lucky start picked the search's best;
-5. ``confirm_starts`` fresh starts each of baseline, incumbent and winner, interleaved, on
+5. with ``objective.nominee`` (experimental), where the budget ended the search: the configuration
+   the predictor rates more likely than not faster than that winner, never started, takes its place
+   (``_nominee``; dropped again where a confirmation start of it fails a guard);
+6. ``confirm_starts`` fresh starts each of baseline, incumbent and winner, interleaved, on
    fresh requests (more rounds up to ``confirm_max_starts`` while the decision is open): the
    decision rests on these starts only, so the winner's selection start (the winner's curse)
    is not in it (``_confirm``, ``decide``, docs/decisions.md).
@@ -53,18 +56,18 @@ from autotune.engines._hardware import identity
 from autotune.engines._probe import Capabilities
 from autotune.engines._recovery import process_identity
 from autotune.search._record import (bands_of, claim_key_of, config_key_of, config_of, duplicate, ended_unmeasured,
-                                     enqueued_claim_key, error_of, interrupted, measurement_of, repeat_asked, role_of,
-                                     runoff_of, runoff_round_of, stalled)
+                                     enqueued_claim_key, error_of, interrupted, measurement_of, nominee_of,
+                                     repeat_asked, role_of, runoff_of, runoff_round_of, sampler_stop_of, stalled)
 from autotune.search._recovery import recover_trials, trial_id
-from autotune.search import _bands, _carry, _equivalence, _nights, _observations, _predict, _runoff
+from autotune.search import _bands, _carry, _equivalence, _nights, _nominee, _observations, _predict, _runoff
 from autotune.search._budget import Pause, StartBudget, confirm_reserve
 from autotune.search._budget import plan as budget_plan
 from autotune.search._confirm import Confirmation
 from autotune.search._levels import measurement_objective
 from autotune.search._sampler import MODES as SAMPLER_MODES
 from autotune.search._sampler import CandidateSampler
-from autotune.search._search import study_weights, with_profile
-from autotune.search._space import NONE, SearchSpace, canonical, in_space, params_of
+from autotune.search._search import failed_keys, study_weights, with_profile
+from autotune.search._space import NONE, SearchSpace, canonical, in_space, label, params_of
 from autotune.search._trial import (Measurement, TrialFailed, batch_invariant, equivalence_requests, measure,
                                     stall_verdict)
 from autotune.search._trials import (ROLE_BASELINE, ROLE_CONFIRM, ROLE_SEARCH, check_hardware, fail_own_running,
@@ -556,6 +559,39 @@ class Study:
             self._run_enqueued(dict(t.params), ROLE_SEARCH, claim_key=slot,
                                attrs={**({"bands": bands} if bands else {}), "repeat": True,
                                       "runoff_round": 0, "runoff_position": pos})
+
+    def nominate(self) -> dict | None:
+        """The predictor's nominee (``_nominee``) that the confirmation confirms in place of the
+        search's best: planned once, after the runoff, and stored (``nominee`` study attribute) so a
+        resumed run confirms the same one; ``dropped`` says why once a guard ruled it out
+        (``_confirm``). None where ``objective.nominee`` is off, the search was not the predictor's,
+        its sampler stopped it (nothing left likely to beat the best), last night's search was carried
+        (``carry_search``: its ranking stands), there is nothing to confirm, or no unmeasured
+        configuration is more likely than not faster than the best measured start."""
+        plan = nominee_of(self.study)
+        if plan or not self.leader:
+            return plan or None
+        o, s = self.spec.objective, self.sampler
+        best = self.best(search_only=True)
+        if not (o.nominee and o.confirm_starts and isinstance(s, CandidateSampler) and s.mode == "predictor") \
+                or any(sampler_stop_of(t) for t in self.study.get_trials(deepcopy=False)) or best is None \
+                or (self.study.user_attrs.get("carry") or {}).get("carried"):
+            return None
+        obs = [x for x in (_observations.observation_from_trial(t, s.level) for t in self.trials()
+                           if role_of(t) != ROLE_CONFIRM) if x is not None]
+        nom = _nominee.nominate(obs, [c for _, c in s.cands], weights=s.weights, failed=failed_keys(self.study),
+                                noise_prior=s.noise_prior, bands_tax=s.bands_tax)
+        params = self._enqueueable(nom.config) if nom is not None else None
+        if params is None:
+            return None
+        plan = {**nom.to_attrs(), "params": params,
+                "instead_of": {"config_key": config_key_of(best), "label": label(config_of(best)),
+                               "tpot_ms": self.mean_objective(best)}}
+        self.study.set_user_attr("nominee", plan)
+        note = f"nominee: {_nominee.text(plan)}"
+        self.notes.append(note)
+        log.info("%s", note)
+        return plan
 
     def mean_objective(self, t) -> float:
         """The objective of ``t``'s configuration, averaged over its search starts."""
