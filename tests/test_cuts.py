@@ -47,12 +47,38 @@ def test_every_registered_cut_says_what_it_saves_and_what_it_did_to_tpot():
     assert _cuts.refuted_in({}) is None
 
 
-def test_an_open_cut_is_allowed_and_said_where_it_is_used():
-    note = _cuts.unsettled_note("engine.preload")
-    assert note.startswith("engine.preload: the start-up cut preload_api_process") and "not yet shown harmless" in note
-    assert "level 16 +13.5%" in note
-    assert _cuts.unsettled_note("engine.env") is None
+def test_an_open_cut_is_allowed_and_said_where_it_is_used(monkeypatch):
+    # the preload cut passed (eight pairs on two hosts): a study using it says nothing more
+    assert _cuts.unsettled_note("engine.preload") is None and not _cuts.CUTS["preload_api_process"].moves_tpot
     assert load_spec(ROOT / "benchmarks" / "gpu" / "code-smollm2-night-preload.yaml").engine.preload is True
+    # a cut whose figure is still open is allowed and said where a spec field makes it
+    monkeypatch.setitem(_cuts.CUTS, "open_one", _cuts.StartCut(name="open_one", env={}, spec_field="engine.x",
+                                                              why="saves 5 s", moves_tpot=None,
+                                                              unsettled="level 16 +13.5% (4 pairs)"))
+    note = _cuts.unsettled_note("engine.x")
+    assert note.startswith("engine.x: the start-up cut open_one (saves 5 s)") and "not yet shown harmless" in note
+    assert "level 16 +13.5%" in note and _cuts.unsettled_note("engine.env") is None
+
+
+def test_cuts_ab_pools_hosts_with_pairs_formed_within_each():
+    """The preload verdict: each host's rows a file; pairs never cross hosts, the noise is each host's
+    default starts about their own mean, pooled."""
+    sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
+    import cuts_ab
+
+    files = [ROOT / "benchmarks" / "results" / f for f in ("h100-smollm2-preload-ab-points-2026-12-07.jsonl.gz",
+                                                          "h100-smollm2-preload-ab-k10-points-2026-12-07-r2.jsonl.gz")]
+    before = cuts_ab.CUT_WORKLOAD
+    cuts_ab.CUT_WORKLOAD = "code-smollm2-night-preload"
+    try:
+        hosts = [[r for r in cuts_ab.rows_of(str(f)) if r.get("label") == cuts_ab.LABEL and r.get("ok")] for f in files]
+        effect = cuts_ab.tpot_effect([], hosts)
+        k10 = next(v for k, v in effect.items() if k != "none")
+        assert {f: d["n"] for f, d in k10.items()} == {"objective": 8, "level 2": 8, "level 16": 8}
+        # every effect within its noise: the verdict the registry states
+        assert all(d["within_noise"] and d["lo"] < 0 < d["hi"] for d in k10.values())
+    finally:
+        cuts_ab.CUT_WORKLOAD = before
 
 
 def test_cuts_ab_reads_the_mirrored_starts_into_an_effect_against_the_noise():

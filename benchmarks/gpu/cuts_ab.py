@@ -83,17 +83,26 @@ def interval(xs: list[float]) -> dict:
     return {"n": n, "mean": mean, "lo": mean - half, "hi": mean + half}
 
 
-def tpot_effect(rows: list[dict]) -> dict:
+def tpot_effect(rows: list[dict], machines: list[list[dict]] | None = None) -> dict:
+    """Per configuration and figure, the cut's effect over the pairs (mean log ratio, 95%
+    t-interval) against the start-to-start noise. ``machines``: the rows of each machine apart
+    (several points files): pairs are formed within a machine, the noise is the default starts'
+    sd about each machine's own mean, pooled; ``rows`` is then ignored."""
+    machines = machines or [rows]
     out: dict = {}
-    ps = pairs(rows)
+    ps = [p for m in machines for p in pairs(m)]
     for key in sorted({d["config_key"] for d, _ in ps}):
         mine = [(d, c) for d, c in ps if d["config_key"] == key]
-        default = [r for r in rows if r["config_key"] == key and arm(r) == "default"]
         by: dict = {}
         for name in figures(mine[0][0]):
             logs = [math.log(figures(c)[name] / figures(d)[name]) for d, c in mine]
-            ref = [math.log(figures(r)[name]) for r in default]
-            noise = statistics.stdev(ref) if len(ref) >= 2 else None
+            ss = df = 0.0
+            for m in machines:
+                ref = [math.log(figures(r)[name]) for r in m if r["config_key"] == key and arm(r) == "default"]
+                if len(ref) >= 2:
+                    ss += statistics.variance(ref) * (len(ref) - 1)
+                    df += len(ref) - 1
+            noise = math.sqrt(ss / df) if df else None
             iv = interval(logs)
             by[name] = {**{k: (round(math.expm1(v), 4) if isinstance(v, float) and k != "n" else v)
                            for k, v in iv.items()},
@@ -105,9 +114,9 @@ def tpot_effect(rows: list[dict]) -> dict:
     return out
 
 
-def start_effect(rows: list[dict]) -> dict:
+def start_effect(rows: list[dict], machines: list[list[dict]] | None = None) -> dict:
     out: dict = {}
-    ps = pairs(rows)
+    ps = [p for m in (machines or [rows]) for p in pairs(m)]
     for d, c in ps:
         for name, row in (("default", d), ("cut", c)):
             tl = row.get("timeline") or {}
@@ -152,20 +161,22 @@ def nights(trials: list[dict], recs: dict[str, dict], by: str = "workload") -> d
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("points")
+    ap.add_argument("points", nargs="+", help="points files, one a machine (pairs are formed within each)")
     ap.add_argument("--trials", nargs="*", default=[])
     ap.add_argument("--rec", nargs="*", default=[], help="recommendation files of the nights")
     ap.add_argument("--cut-workload", default=CUT_WORKLOAD, help="the spec whose starts make the cut")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     globals()["CUT_WORKLOAD"] = args.cut_workload
-    rows = [r for r in rows_of(args.points) if r.get("label") == LABEL and r.get("ok")]
+    machines = [[r for r in rows_of(p) if r.get("label") == LABEL and r.get("ok")] for p in args.points]
+    rows = [r for m in machines for r in m]
     trials = [t for p in args.trials if Path(p).exists() for t in rows_of(p)]
     recs = {}
     for p in args.rec:
         rec = json.loads(Path(p).read_text())
         recs[rec.get("workload") or Path(p).stem] = rec
-    out = {"pairs": len(pairs(rows)), "tpot": tpot_effect(rows) if rows else {}, "start": start_effect(rows),
+    out = {"pairs": sum(len(pairs(m)) for m in machines), "machines": len(machines),
+           "tpot": tpot_effect(rows, machines) if rows else {}, "start": start_effect(rows, machines),
            "nights": nights(trials, recs)}
     names = {r["config_key"]: label(r.get("config")) for r in rows}
     for key, by in out["tpot"].items():

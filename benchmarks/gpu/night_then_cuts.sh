@@ -9,6 +9,7 @@
 # Every row keeps its timeline (where its start's seconds went); cuts_ab.py turns the rows into
 # the cut's effect on TPOT and on the start, and the nights' GPU minutes and decisions.
 # NIGHT=0: the mirrored starts without the night first (where device time allows only them).
+# K10_ONLY=1: ngram K=10 alone, in eight mirrored pairs (D F F D F D D F, twice).
 # CUT names the cut's spec (default code-smollm2-night-fast, the fork cut; code-smollm2-night-preload: the
 # preloaded API process).
 #   . .gpu/setup-device.sh && CUT=code-smollm2-night-preload bash benchmarks/gpu/night_then_cuts.sh 570
@@ -28,11 +29,16 @@ K10='{"method":"ngram","num_speculative_tokens":10,"prompt_lookup_min":2,"prompt
 D=code-smollm2-night; F=$W
 ORDER=("$D $K10" "$F $K10" "$F $K10" "$D $K10" "$D null" "$F null" "$F null" "$D null"
        "$F $K10" "$D $K10" "$D $K10" "$F $K10" "$F null" "$D null" "$D null" "$F null")
+WARM="[$K10,null]"
+if [ "${K10_ONLY:-0}" = 1 ]; then  # ngram K=10 alone, eight mirrored pairs: where a cut's verdict is open
+  ORDER=(); for _ in 1 2; do ORDER+=("$D $K10" "$F $K10" "$F $K10" "$D $K10" "$F $K10" "$D $K10" "$D $K10" "$F $K10"); done
+  WARM="[$K10]"
+fi
 done_n=$(grep -c '"label": "cuts-ab"' $R/results/points.jsonl 2>/dev/null); done_n=${done_n:-0}
 longest=75
 if [ "${NIGHT:-1}" = 0 ] && ! grep -q '"label": "warm"' $R/results/points.jsonl 2>/dev/null; then
   # no night before: one start of each configuration fills its compile cache, as the night's would
-  bash benchmarks/gpu/round.sh "points:$D:warm:[$K10,null]"
+  bash benchmarks/gpu/round.sh "points:$D:warm:$WARM"
 fi
 for ((i = done_n; i < ${#ORDER[@]}; i++)); do
   read -r spec cfg <<< "${ORDER[$i]}"
