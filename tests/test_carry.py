@@ -106,6 +106,10 @@ def test_what_cannot_be_compared_is_not_carried(tmp_path, monkeypatch):
     wide = wide.model_copy(update={"space": wide.space.model_copy(update={"k": wide.space.k.model_copy(update={"max": 6})})})
     st, _, _ = _night(tmp_path, monkeypatch, w, wide, "night-y", previous=prev, seed=5)
     assert "another space" in st.study.user_attrs["carry"]["reason"]
+    # a study made before the search basis was kept says nothing of what it searched
+    first.study.set_user_attr("search_basis", None)
+    st, _, _ = _night(tmp_path, monkeypatch, w, spec, "night-v", previous=prev, seed=7)
+    assert "predates carry_search" in st.study.user_attrs["carry"]["reason"]
     # off by default: a nightly run without the field searches as before
     st, _, _ = _night(tmp_path, monkeypatch, w, _with_objective(spec, carry_search=False), "night-z",
                       previous=prev, seed=6)

@@ -456,9 +456,11 @@ class Study:
             old = optuna.load_study(study_name=name, storage=self.storage)
         except KeyError:
             return _carry.CarryVerdict(False, f"last night's study {name} is not in this storage"), name, 0
-        if old.user_attrs.get("search_basis") != self.study.user_attrs.get("search_basis"):
-            return _carry.CarryVerdict(False, f"last night's study {name} searched another space, levels or "
-                                              "statistic"), name, 0
+        basis = old.user_attrs.get("search_basis")
+        if basis != self.study.user_attrs.get("search_basis"):
+            return _carry.CarryVerdict(False, f"last night's study {name} " + (
+                "searched another space, levels or statistic" if basis else "does not say what it searched (it "
+                "predates carry_search)")), name, 0
         last = old.user_attrs.get("carry") or {}
         before = int(last.get("nights") or 0) if last.get("carried") else 0
         return _carry.judge(self.spec, stored_trials(old), self.trials(), winner, nights_before=before), name, before
