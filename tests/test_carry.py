@@ -37,8 +37,12 @@ def _recommendation(st) -> dict:
             "study": {"name": st.name}, "valid_for": {"hardware": st.hardware, "vllm_version": "0.32.0"}}
 
 
-def _spec(tmp_path, **objective):
-    return make_spec(tmp_path, objective={"carry_search": True, "start_noise": NOISE, **objective})
+def _spec(tmp_path, budget=None, **objective):
+    return make_spec(tmp_path, budget=budget, objective={"carry_search": True, "start_noise": NOISE, **objective})
+
+
+SMALL = {"max_trials": 5, "max_server_starts": 9, "max_wall_minutes": 10}
+"""Room for a search beyond the warm start and one confirmation round: what a night not carried shows."""
 
 
 def _search_starts(st) -> int:
@@ -91,7 +95,7 @@ def test_a_night_whose_acceptance_moved_searches_in_full(tmp_path, monkeypatch):
 
 def test_what_cannot_be_compared_is_not_carried(tmp_path, monkeypatch):
     w = Workload(rates=RATES)
-    spec = _spec(tmp_path)
+    spec = _spec(tmp_path, SMALL)
     first, _, _ = _night(tmp_path, monkeypatch, w, spec, "night-1")
     prev = _recommendation(first)
     cases = [({**prev, "valid_for": {"hardware": "other-gpu", "vllm_version": "0.32.0"}}, "last night ran on other-gpu"),
@@ -102,7 +106,7 @@ def test_what_cannot_be_compared_is_not_carried(tmp_path, monkeypatch):
         assert not st.study.user_attrs["carry"]["carried"] and said in st.study.user_attrs["carry"]["reason"]
         assert _search_starts(st) > 2
     # another space is another ranking
-    wide = _spec(tmp_path)
+    wide = _spec(tmp_path, SMALL)
     wide = wide.model_copy(update={"space": wide.space.model_copy(update={"k": wide.space.k.model_copy(update={"max": 6})})})
     st, _, _ = _night(tmp_path, monkeypatch, w, wide, "night-y", previous=prev, seed=5)
     assert "another space" in st.study.user_attrs["carry"]["reason"]
