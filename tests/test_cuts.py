@@ -72,7 +72,7 @@ def test_cuts_ab_pools_hosts_with_pairs_formed_within_each():
     cuts_ab.CUT_WORKLOAD = "code-smollm2-night-preload"
     try:
         hosts = [[r for r in cuts_ab.rows_of(str(f)) if r.get("label") == cuts_ab.LABEL and r.get("ok")] for f in files]
-        effect = cuts_ab.tpot_effect([], hosts)
+        effect = cuts_ab.tpot_effect(*hosts)
         k10 = next(v for k, v in effect.items() if k != "none")
         assert {f: d["n"] for f, d in k10.items()} == {"objective": 8, "level 2": 8, "level 16": 8}
         # every effect within its noise: the verdict the registry states

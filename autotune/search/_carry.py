@@ -20,11 +20,11 @@ import json
 import math
 from dataclasses import dataclass, field
 
-from autotune.core._measure import pooled_start_noise
+from autotune.core._measure import StartNoise, pooled_start_noise
 from autotune.search._levels import measurement_objective
 from autotune.search._record import config_key_of, measurement_of, role_of
 from autotune.search._space import NONE, canonical, label
-from autotune.search._trials import ROLE_BASELINE, ROLE_CONFIRM, ROLE_SEARCH
+from autotune.search._trials import ROLE_BASELINE, ROLE_CONFIRM, ROLE_SEARCH, stored_trials
 
 AL_TOLERANCE = 0.10
 """Largest relative change of the winner's acceptance length that still counts as the same
@@ -74,13 +74,11 @@ def _class_sd(spec, samples: dict[tuple[str, bool], list[float]], cls: str) -> f
     """The start-to-start sd of log objective of one class (none, speculative): the spec's prior
     pooled with last night's repeated starts (of one configuration on one request set: ``samples``
     keyed by config and confirmation or not), weighted by degrees of freedom."""
-    meas = pooled_start_noise({k: v for k, v in samples.items() if (k[0] == NONE) == (cls == "none")})
-    ss, df = (meas.sd ** 2 * meas.df, meas.df) if meas.df else (0.0, 0)
-    sn = spec.objective.start_noise
-    if sn is not None:
-        p = sn.for_class(cls)
-        ss, df = ss + math.log1p(p.cv) ** 2 * p.df, df + p.df
-    return math.sqrt(ss / df) if df else None
+    noise = pooled_start_noise({k: v for k, v in samples.items() if (k[0] == NONE) == (cls == "none")})
+    if spec.objective.start_noise is not None:
+        p = spec.objective.start_noise.for_class(cls)
+        noise += StartNoise(math.log1p(p.cv) ** 2 * p.df, p.df)
+    return noise.sd if noise.df else None
 
 
 def judge(spec, previous_trials, tonight_trials, winner: dict, *, nights_before: int) -> CarryVerdict:
@@ -135,3 +133,33 @@ def judge(spec, previous_trials, tonight_trials, winner: dict, *, nights_before:
         return CarryVerdict(False, f"the traffic's acceptance moved: {said} ({al_change:+.0%}, more than "
                                    f"{AL_TOLERANCE:.0%})", detail)
     return CarryVerdict(True, f"last night's search stands: {said}", detail)
+
+
+def against_last_night(study) -> tuple[CarryVerdict, str | None, int]:
+    """The verdict on the study ``study.previous`` (a nightly run's current recommendation) names,
+    that study's name, and how many nights in a row before it carried: ``judge`` where the two are
+    comparable (same hardware, vLLM, storage and ``search_basis``), else why not."""
+    import optuna
+
+    prev = study.previous or {}
+    winner = ((prev.get("evidence") or {}).get("winner") or {}).get("config")
+    name, vf = (prev.get("study") or {}).get("name"), prev.get("valid_for") or {}
+    if not winner:
+        return CarryVerdict(False, "last night's recommendation names no winner"), name, 0
+    if (vf.get("hardware"), vf.get("vllm_version")) != (study.hardware, study.caps.version):
+        return CarryVerdict(False, f"last night ran on {vf.get('hardware')}, vLLM {vf.get('vllm_version')}; "
+                                   f"tonight on {study.hardware}, vLLM {study.caps.version}"), name, 0
+    if not name or name == study.name:
+        return CarryVerdict(False, "last night's study is tonight's (the same replay set): nothing to carry"), name, 0
+    try:
+        old = optuna.load_study(study_name=name, storage=study.storage)
+    except KeyError:
+        return CarryVerdict(False, f"last night's study {name} is not in this storage"), name, 0
+    basis = old.user_attrs.get("search_basis")
+    if basis != study.study.user_attrs.get("search_basis"):
+        return CarryVerdict(False, f"last night's study {name} " + (
+            "searched another space, levels or statistic" if basis else "does not say what it searched (it "
+            "predates carry_search)")), name, 0
+    last = old.user_attrs.get("carry") or {}
+    before = int(last.get("nights") or 0) if last.get("carried") else 0
+    return judge(study.spec, stored_trials(old), study.trials(), winner, nights_before=before), name, before

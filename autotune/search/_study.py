@@ -427,7 +427,7 @@ class Study:
         on any night. What was judged is kept as the study's ``carry`` attribute."""
         if not (self.spec.objective.carry_search and self.previous and self.leader) or self.paused:
             return None
-        verdict, source, before = self._carry_verdict()
+        verdict, source, before = _carry.against_last_night(self)
         n = before + 1 if verdict.carried else 0
         self.study.set_user_attr("carry", {"carried": verdict.carried, "reason": verdict.reason, "from": source,
                                            "nights": n, **verdict.detail})
@@ -436,34 +436,6 @@ class Study:
             return None
         return (f"{verdict.reason}; last night's search ({source}) is not measured again (carried night {n} of at "
                 f"most {self.spec.objective.carry_max_nights})")
-
-    def _carry_verdict(self) -> tuple[_carry.CarryVerdict, str | None, int]:
-        """The verdict on last night's study, its name, and how many nights before it carried."""
-        import optuna
-
-        prev = self.previous or {}
-        winner = ((prev.get("evidence") or {}).get("winner") or {}).get("config")
-        name, vf = (prev.get("study") or {}).get("name"), prev.get("valid_for") or {}
-        if not winner:
-            return _carry.CarryVerdict(False, "last night's recommendation names no winner"), name, 0
-        if (vf.get("hardware"), vf.get("vllm_version")) != (self.hardware, self.caps.version):
-            return _carry.CarryVerdict(False, f"last night ran on {vf.get('hardware')}, vLLM {vf.get('vllm_version')}; "
-                                              f"tonight on {self.hardware}, vLLM {self.caps.version}"), name, 0
-        if not name or name == self.name:
-            return _carry.CarryVerdict(False, "last night's study is tonight's (the same replay set): nothing to "
-                                              "carry"), name, 0
-        try:
-            old = optuna.load_study(study_name=name, storage=self.storage)
-        except KeyError:
-            return _carry.CarryVerdict(False, f"last night's study {name} is not in this storage"), name, 0
-        basis = old.user_attrs.get("search_basis")
-        if basis != self.study.user_attrs.get("search_basis"):
-            return _carry.CarryVerdict(False, f"last night's study {name} " + (
-                "searched another space, levels or statistic" if basis else "does not say what it searched (it "
-                "predates carry_search)")), name, 0
-        last = old.user_attrs.get("carry") or {}
-        before = int(last.get("nights") or 0) if last.get("carried") else 0
-        return _carry.judge(self.spec, stored_trials(old), self.trials(), winner, nights_before=before), name, before
 
     def best(self, search_only: bool = False):
         """A trial of the best feasible measured speculative config (by the objective, the mean

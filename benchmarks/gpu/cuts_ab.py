@@ -83,12 +83,11 @@ def interval(xs: list[float]) -> dict:
     return {"n": n, "mean": mean, "lo": mean - half, "hi": mean + half}
 
 
-def tpot_effect(rows: list[dict], machines: list[list[dict]] | None = None) -> dict:
+def tpot_effect(*machines: list[dict]) -> dict:
     """Per configuration and figure, the cut's effect over the pairs (mean log ratio, 95%
-    t-interval) against the start-to-start noise. ``machines``: the rows of each machine apart
-    (several points files): pairs are formed within a machine, the noise is the default starts'
-    sd about each machine's own mean, pooled; ``rows`` is then ignored."""
-    machines = machines or [rows]
+    t-interval) against the start-to-start noise. Each argument is one machine's rows (one points
+    file): pairs are formed within a machine, and the noise is the default starts' sd about each
+    machine's own mean, pooled."""
     out: dict = {}
     ps = [p for m in machines for p in pairs(m)]
     for key in sorted({d["config_key"] for d, _ in ps}):
@@ -114,9 +113,10 @@ def tpot_effect(rows: list[dict], machines: list[list[dict]] | None = None) -> d
     return out
 
 
-def start_effect(rows: list[dict], machines: list[list[dict]] | None = None) -> dict:
+def start_effect(*machines: list[dict]) -> dict:
+    """The pairs' time to healthy and its phases, with and without the cut (pairs within each machine)."""
     out: dict = {}
-    ps = [p for m in (machines or [rows]) for p in pairs(m)]
+    ps = [p for m in machines for p in pairs(m)]
     for d, c in ps:
         for name, row in (("default", d), ("cut", c)):
             tl = row.get("timeline") or {}
@@ -176,7 +176,7 @@ def main(argv=None) -> int:
         rec = json.loads(Path(p).read_text())
         recs[rec.get("workload") or Path(p).stem] = rec
     out = {"pairs": sum(len(pairs(m)) for m in machines), "machines": len(machines),
-           "tpot": tpot_effect(rows, machines) if rows else {}, "start": start_effect(rows, machines),
+           "tpot": tpot_effect(*machines) if rows else {}, "start": start_effect(*machines),
            "nights": nights(trials, recs)}
     names = {r["config_key"]: label(r.get("config")) for r in rows}
     for key, by in out["tpot"].items():
